@@ -1,0 +1,379 @@
+"""``Backburner``: the library's entry point — task registry, settings, backend, policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .backends import Backend, Page, backend_from_url
+from .backends.base import NewJob, fingerprint, new_task_id
+from .clock import Clock, SystemClock
+from .errors import (
+    ConfigurationError,
+    InvalidInputError,
+    JobNotFoundError,
+    UnknownTaskError,
+)
+from .hooks import HookChain, Hooks
+from .models import Event, Job, JobStatus
+from .settings import Settings
+from .tasks import Handler, TaskDefinition
+from .worker.retry import RetryPolicy
+from .worker.sweeper import SweepReport, sweep_once
+
+if TYPE_CHECKING:
+    from .worker.runner import Worker
+
+H = TypeVar("H", bound=Handler)
+
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+MAX_KEY_LENGTH = 255
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
+    if value is None:
+        if not allow_none:
+            raise InvalidInputError(f"{name} is required")
+        return
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise InvalidInputError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def _json_object(name: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(
+            f"{name} must be a JSON object (a dict), got {type(value).__name__}"
+        )
+    try:
+        # The round trip stores exactly what a reader will get back (tuples become lists...).
+        copied: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{name} is not JSON-serialisable: {exc}") from None
+    return copied
+
+
+class Backburner:
+    """Register tasks, enqueue jobs, read and cancel them, and run workers.
+
+    >>> bb = Backburner("sqlite:///backburner.db")
+    """
+
+    def __init__(
+        self,
+        backend: str | Backend | None = None,
+        *,
+        settings: Settings | None = None,
+        hooks: Sequence[Hooks] = (),
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        if backend is None or isinstance(backend, str):
+            url = backend or self.settings.backend_url
+            self.backend: Backend = backend_from_url(
+                url, max_queue_size=self.settings.max_queue_size
+            )
+        else:
+            self.backend = backend
+        self.hooks = HookChain(hooks)
+        self.clock: Clock = clock or SystemClock()
+        self.retry_policy = RetryPolicy(
+            base_s=self.settings.retry_base_s,
+            cap_s=self.settings.retry_cap_s,
+            dead_letter_ttl_s=self.settings.dead_letter_ttl_s,
+        )
+        self.tasks: dict[str, TaskDefinition] = {}
+        self._workers: set[Worker] = set()
+        self._connected = False
+        self._connect_lock: asyncio.Lock | None = None
+
+    # -- registry ----------------------------------------------------------------------------
+
+    def task(
+        self,
+        name: str | Callable[..., Any] | None = None,
+        *,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        ttl: float | None = None,
+        priority: int = 0,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        permanent_on: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """Register an async handler ``fn(ctx, **input)`` as a task (usable bare or called).
+
+        ``timeout`` bounds each attempt, ``deadline`` the whole job from enqueue; exceptions
+        in ``permanent_on`` (and ``PermanentError``) fail at once, others in ``retry_on`` retry.
+        """
+        if callable(name):
+            return self.task()(name)
+
+        def decorator(fn: H) -> H:
+            task_name = name if isinstance(name, str) else fn.__name__
+            if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+                raise ConfigurationError("max_attempts must be an integer >= 1")
+            for label, value in (("timeout", timeout), ("deadline", deadline), ("ttl", ttl)):
+                if value is not None and (not _is_number(value) or value <= 0):
+                    raise ConfigurationError(f"{label} must be a positive number of seconds")
+            self._check_priority(priority, ConfigurationError)
+            definition = TaskDefinition(
+                name=task_name,
+                handler=fn,
+                max_attempts=max_attempts,
+                timeout_s=timeout,
+                deadline_s=deadline,
+                ttl_s=ttl,
+                priority=priority,
+                retry_on=retry_on,
+                permanent_on=permanent_on,
+            )
+            self.register(definition)
+            return fn
+
+        return decorator
+
+    def register(self, definition: TaskDefinition) -> None:
+        if definition.name in self.tasks:
+            raise ConfigurationError(f"a task named {definition.name!r} is already registered")
+        self.tasks[definition.name] = definition
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the backend (done on first use; call it to fail early)."""
+        if self._connected:
+            return
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if not self._connected:
+                await self.backend.connect()
+                self._connected = True
+
+    async def close(self) -> None:
+        if self._connected:
+            self._connected = False
+            await self.backend.close()
+
+    async def __aenter__(self) -> Backburner:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- producers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_priority(priority: object, error: type[Exception] = InvalidInputError) -> int:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise error(f"priority must be an integer, got {priority!r}")
+        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise error(
+                f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX} (higher runs first),"
+                f" got {priority}"
+            )
+        return priority
+
+    def build_job(
+        self,
+        task: str,
+        input: dict[str, Any] | None = None,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        ttl: float | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        delay: float | None = None,
+        run_at: float | datetime | None = None,
+        metadata: dict[str, Any] | None = None,
+        webhook_url: str | None = None,
+    ) -> NewJob:
+        """Validate an enqueue request and return what would be stored (stores nothing)."""
+        definition = self.tasks.get(task) if isinstance(task, str) else None
+        if definition is None:
+            known = ", ".join(sorted(self.tasks)) or "none registered"
+            raise UnknownTaskError(f"unknown task {task!r} (known: {known})")
+        payload = _json_object("input", input)
+        definition.check_input(payload)
+        meta = _json_object("metadata", metadata)
+        priority = self._check_priority(definition.priority if priority is None else priority)
+        ttl_s = ttl if ttl is not None else (definition.ttl_s or self.settings.default_ttl_s)
+        _positive("ttl", ttl_s, allow_none=False)
+        if max_attempts is not None and (
+            not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+        ):
+            raise InvalidInputError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        attempts = max_attempts or definition.max_attempts or self.settings.default_max_attempts
+        timeout_s = timeout if timeout is not None else definition.timeout_s
+        if timeout_s is None:
+            timeout_s = self.settings.default_timeout_s
+        _positive("timeout", timeout_s)
+        deadline_s = deadline if deadline is not None else definition.deadline_s
+        _positive("deadline", deadline_s)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= MAX_KEY_LENGTH
+        ):
+            raise InvalidInputError(
+                f"idempotency_key must be a string of 1..{MAX_KEY_LENGTH} characters"
+            )
+        if webhook_url is not None and (
+            not isinstance(webhook_url, str) or not webhook_url.startswith(("http://", "https://"))
+        ):
+            raise InvalidInputError("webhook_url must be an http:// or https:// URL")
+        now = self.clock.now()
+        due = now
+        if delay is not None and run_at is not None:
+            raise InvalidInputError("give delay or run_at, not both")
+        if delay is not None:
+            if not _is_number(delay) or not math.isfinite(delay) or delay < 0:
+                raise InvalidInputError(f"delay must be a number of seconds >= 0, got {delay!r}")
+            due = now + delay
+        elif run_at is not None:
+            due = run_at.timestamp() if isinstance(run_at, datetime) else run_at
+            if not _is_number(due) or not math.isfinite(due):
+                raise InvalidInputError("run_at must be a datetime or a Unix time")
+            due = max(float(due), now)
+        return NewJob(
+            task_id=new_task_id(),
+            type=task,
+            input=payload,
+            fingerprint=fingerprint(task, payload),
+            created_at=now,
+            run_at=due,
+            priority=priority,
+            max_attempts=attempts,
+            timeout_s=timeout_s,
+            deadline_at=None if deadline_s is None else now + deadline_s,
+            ttl_s=float(ttl_s),
+            idempotency_key=idempotency_key,
+            metadata=meta,
+            webhook_url=webhook_url,
+        )
+
+    async def enqueue(self, task: str, input: dict[str, Any] | None = None, **options: Any) -> Job:
+        """Validate and store a job; return it (status ``queued``).
+
+        Options: priority, idempotency_key, ttl, max_attempts, timeout, deadline, delay,
+        run_at, metadata, webhook_url. Raises a ``backburner.errors`` exception on bad input
+        (nothing stored), IdempotencyConflictError, QueueFullError or BackendError.
+        """
+        new = self.build_job(task, input, **options)
+        await self.connect()
+        job, created = await self.backend.enqueue(new)
+        if created:
+            await self.hooks.enqueue(job)
+        return job
+
+    # -- readers -----------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Job:
+        """The job; JobNotFoundError if it does not exist or expired."""
+        await self.connect()
+        job = await self.backend.get(task_id)
+        if job is None:
+            raise JobNotFoundError(task_id)
+        return job
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        await self.connect()
+        return await self.backend.events(task_id, after=after, limit=limit)
+
+    async def list(
+        self,
+        *,
+        status: JobStatus | str | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Jobs newest first; pass ``page.next_cursor`` for the next page."""
+        if status is not None:
+            try:
+                status = JobStatus(status)
+            except ValueError:
+                raise InvalidInputError(f"unknown status {status!r}") from None
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidInputError("limit must be within 1..1000")
+        await self.connect()
+        return await self.backend.list_jobs(status=status, type=type, limit=limit, cursor=cursor)
+
+    async def dead_letters(self, *, limit: int = 50, cursor: str | None = None) -> Page:
+        """The dead-letter queue: failed jobs, newest first, each with its attempt history."""
+        return await self.list(status=JobStatus.FAILED, limit=limit, cursor=cursor)
+
+    async def wait(self, task_id: str, *, timeout: float | None = None) -> Job:
+        """Poll until the job is terminal; TimeoutError after ``timeout`` seconds."""
+        delay = 0.01
+        async with asyncio.timeout(timeout):
+            while True:
+                job = await self.get(task_id)
+                if job.is_terminal:
+                    return job
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    # -- control -----------------------------------------------------------------------------
+
+    async def cancel(self, task_id: str) -> Job:
+        """Cancel a job now: queued ones never run; running ones are stopped within a second.
+
+        Idempotent: cancelling a terminal job returns it unchanged.
+        """
+        await self.connect()
+        before = await self.backend.get(task_id)
+        job, changed = await self.backend.cancel(task_id, now=self.clock.now())
+        if changed:
+            if before is not None and before.status == JobStatus.PROCESSING:
+                for worker in self._workers:  # a worker in this process can stop it at once
+                    worker.cancel_local(task_id, before.fence)
+            await self.hooks.cancel(job)
+        return job
+
+    async def replay(self, task_id: str, *, max_attempts: int | None = None) -> Job:
+        """Re-queue a dead-lettered (failed) job with a fresh attempt budget; keeps history."""
+        await self.connect()
+        job = await self.get(task_id)
+        definition = self.tasks.get(job.type)
+        budget = max_attempts or (definition.max_attempts if definition else None)
+        budget = budget or self.settings.default_max_attempts
+        if not isinstance(budget, int) or budget < 1:
+            raise InvalidInputError("max_attempts must be an integer >= 1")
+        return await self.backend.replay(task_id, now=self.clock.now(), extra_attempts=budget)
+
+    async def delete(self, task_id: str) -> None:
+        """Delete a terminal job and its events now. JobNotFoundError if missing."""
+        await self.connect()
+        if not await self.backend.delete(task_id):
+            raise JobNotFoundError(task_id)
+
+    async def sweep(self) -> SweepReport:
+        """Run one sweeper pass now (workers do this every ``sweep_interval_s``)."""
+        await self.connect()
+        return await sweep_once(self)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def worker(self, *, concurrency: int | None = None, worker_id: str | None = None) -> Worker:
+        from .worker.runner import Worker
+
+        return Worker(self, concurrency=concurrency, worker_id=worker_id)
+
+    async def run_worker(
+        self, *, concurrency: int | None = None, handle_signals: bool = True
+    ) -> None:
+        """Run a worker in this process until SIGTERM/SIGINT (graceful; twice: at once)."""
+        await self.worker(concurrency=concurrency).run(handle_signals=handle_signals)

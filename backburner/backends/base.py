@@ -1,0 +1,257 @@
+"""The storage contract every backend implements, and the values that cross it.
+
+A backend performs atomic storage transitions and nothing else: retry delays, attempt budgets,
+deadlines and hooks are decided by the engine (``backburner.engine``) that wraps it. Every
+backend passes the conformance suite in ``tests/conformance``.
+
+Times are Unix seconds passed in by the caller (``now``), never read inside a backend, so a
+test can drive a backend with a controllable clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..models import ErrorInfo, Event, Job, JobStatus, Progress
+
+
+def new_task_id() -> str:
+    """A random id with 122 bits of entropy (uuid4): never sequential, never guessable."""
+    return "task_" + uuid.uuid4().hex
+
+
+def fingerprint(task_type: str, payload: dict[str, Any]) -> str:
+    """A stable digest of what a job does, to tell a repeated request from a different one."""
+    canonical = json.dumps([task_type, payload], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """Everything needed to store a new job; built and validated by the engine."""
+
+    task_id: str
+    type: str
+    input: dict[str, Any]
+    fingerprint: str
+    created_at: float
+    run_at: float
+    priority: int = 0
+    max_attempts: int = 1
+    timeout_s: float | None = None
+    deadline_at: float | None = None
+    ttl_s: float = 86400.0
+    idempotency_key: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    webhook_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The attempt succeeded: the job becomes ``completed``."""
+
+    result: Any = None
+    usage: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The job fails for good (``failed``) and shows in the dead-letter queue."""
+
+    error: ErrorInfo
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAt:
+    """The attempt failed; the job goes back to ``queued`` and is due at ``run_at``."""
+
+    error: ErrorInfo
+    run_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Hand the job back to the queue without charging the attempt (graceful shutdown)."""
+
+    reason: str = "worker shutdown"
+
+
+Outcome = Complete | Fail | RetryAt | Release
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a job listing; pass ``next_cursor`` back to read the next page."""
+
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    worker_id: str
+    last_seen: float
+    running: int
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    counts: dict[JobStatus, int]
+    queued_by_priority: dict[int, int]
+    dead_letter: int
+    workers: list[WorkerInfo]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Atomic storage of jobs, their events and leases.
+
+    ``fence`` is the claim number of an attempt: every claim increments it, and every write a
+    worker makes about a job (events, progress, its outcome) must quote the current one while
+    the job is ``processing``; otherwise it raises ``LeaseLostError`` and changes nothing.
+    """
+
+    async def connect(self) -> None:
+        """Open connections and create the schema. Idempotent. Raises BackendError."""
+
+    async def close(self) -> None:
+        """Release resources. Idempotent."""
+
+    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        """Store a queued job and its first event; return (job, created).
+
+        Atomic. If ``job.idempotency_key`` names an existing job, nothing is stored and that
+        job is returned with created=False when its fingerprint matches, else
+        IdempotencyConflictError. QueueFullError when the queue-size bound is reached.
+        """
+        ...
+
+    async def get(self, task_id: str) -> Job | None:
+        """The job, or None if it does not exist. A pure read."""
+        ...
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Jobs newest first, filtered; a pure read. Cursor pagination is stable under inserts."""
+        ...
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        """The job's events with seq > after, in seq order. A pure read."""
+        ...
+
+    async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
+        """Atomically move up to ``limit`` due queued jobs to ``processing`` for this worker.
+
+        Highest priority first, FIFO (by run_at, then enqueue order) within a priority. Each
+        claimed job gets attempts+1, fence+1, a lease until now+lease_s, a history record and
+        a status event. Two claimers never get the same job.
+        """
+        ...
+
+    async def heartbeat(
+        self, worker_id: str, *, now: float, lease_s: float, running: int
+    ) -> dict[str, int]:
+        """Extend the lease of every job this worker holds to now+lease_s; record the worker.
+
+        Returns {task_id: fence} of the jobs it still holds, so the worker can stop the ones
+        it lost. Atomic; repeating it is harmless.
+        """
+        ...
+
+    async def append_event(
+        self,
+        task_id: str,
+        fence: int,
+        type: str,
+        data: Any,
+        *,
+        now: float,
+        progress: Progress | None = None,
+    ) -> int:
+        """Append an event (and, if given, set the job's progress); return its seq.
+
+        Fenced: raises LeaseLostError unless the job is processing under ``fence``.
+        """
+        ...
+
+    async def finish(
+        self,
+        task_id: str,
+        fence: int,
+        outcome: Outcome,
+        *,
+        now: float,
+        only_if_lease_expired: bool = False,
+    ) -> Job:
+        """Apply an attempt's outcome atomically: state, history, events, expiry.
+
+        Fenced like append_event. With ``only_if_lease_expired`` it also requires the lease to
+        have expired by ``now`` (the sweeper's guard against a heartbeat that just landed).
+        Complete and Fail make the job terminal with expires_at = now + ttl_s (Fail carries
+        its own expires_at); RetryAt and Release re-queue it; Release also gives the attempt
+        back (attempts-1), the fence still grows on the next claim.
+        """
+        ...
+
+    async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
+        """Cancel a job; return (job, changed).
+
+        queued or processing → cancelled at once (terminal, event appended, expiry set); for a
+        processing job a signal is left for the worker holding it (see poll_cancellations).
+        A terminal job is returned unchanged with changed=False (idempotent).
+        JobNotFoundError if it does not exist.
+        """
+        ...
+
+    async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
+        """Take (and clear) the cancel signals for this worker: {task_id: fence}."""
+        ...
+
+    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+        """Re-queue a failed job with ``extra_attempts`` more attempts, keeping its history.
+
+        The only way out of a terminal state. InvalidTransitionError unless failed;
+        JobNotFoundError if missing. Atomic.
+        """
+        ...
+
+    async def delete(self, task_id: str) -> bool:
+        """Delete a terminal job and its events now; False if it did not exist.
+
+        InvalidTransitionError if it is not terminal.
+        """
+        ...
+
+    async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
+        """Processing jobs whose lease expired before ``now``. A pure read."""
+        ...
+
+    async def purge_expired(self, *, now: float, limit: int) -> int:
+        """Delete up to ``limit`` terminal jobs whose expires_at <= now, with their events."""
+        ...
+
+    async def wait_for_jobs(self, *, now: float, timeout: float) -> None:
+        """Return when a job may have become claimable, or after ``timeout`` seconds.
+
+        Returns at once if a queued job is due at ``now``; waits at most until the earliest
+        delayed job is due.
+
+        Spurious wake-ups are allowed; a missed one is a bug (it costs pickup latency).
+        """
+        ...
+
+    async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
+        """Counts by status, queued jobs by priority, DLQ size, workers seen in the window."""
+        ...

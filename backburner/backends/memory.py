@@ -1,0 +1,438 @@
+"""An in-memory backend for tests and demos: one process, nothing survives a restart.
+
+Each method runs without awaiting in the middle, so on one event loop every transition is
+atomic. It implements exactly the contract of ``Backend`` and passes the conformance suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import (
+    IdempotencyConflictError,
+    InvalidInputError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    LeaseLostError,
+    QueueFullError,
+)
+from ..models import AttemptRecord, ErrorInfo, Event, Job, JobStatus, Progress, Usage
+from .base import Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats, WorkerInfo
+
+
+def _json_copy(value: Any) -> Any:
+    """Store what SQLite would: a JSON round trip, refusing what JSON cannot hold."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"not JSON-serialisable: {exc}") from None
+
+
+@dataclass
+class _Stored:
+    seq: int
+    fingerprint: str
+    job: Job
+    events: list[Event] = field(default_factory=list)
+
+
+class MemoryBackend:
+    """Backend held in this process's memory (``memory://``). For tests and demos only."""
+
+    def __init__(self, *, max_queue_size: int | None = None) -> None:
+        self.max_queue_size = max_queue_size
+        self._jobs: dict[str, _Stored] = {}
+        self._by_key: dict[str, str] = {}
+        self._signals: dict[str, dict[str, int]] = {}
+        self._workers: dict[str, WorkerInfo] = {}
+        self._seq = itertools.count(1)
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    async def connect(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._wake()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    def _update(self, stored: _Stored, **changes: Any) -> Job:
+        stored.job = stored.job.model_copy(update=changes)
+        return stored.job
+
+    def _event(self, stored: _Stored, type: str, data: Any, at: float) -> int:
+        seq = len(stored.events) + 1
+        stored.events.append(
+            Event.model_construct(task_id=stored.job.task_id, seq=seq, type=type, data=data, at=at)
+        )
+        return seq
+
+    def _held(self, task_id: str, fence: int) -> _Stored:
+        stored = self._jobs.get(task_id)
+        if stored is None or stored.job.fence != fence or stored.job.status != "processing":
+            raise LeaseLostError(task_id, fence)
+        return stored
+
+    @staticmethod
+    def _close_history(job: Job, now: float, outcome: str, error: ErrorInfo | None) -> list[Any]:
+        history = list(job.history)
+        if history:
+            history[-1] = history[-1].model_copy(
+                update={"finished_at": now, "outcome": outcome, "error": error}
+            )
+        return history
+
+    def _count(self, status: JobStatus) -> int:
+        return sum(1 for s in self._jobs.values() if s.job.status == status)
+
+    # -- producers ---------------------------------------------------------------------------
+
+    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        if job.idempotency_key is not None and job.idempotency_key in self._by_key:
+            existing = self._jobs[self._by_key[job.idempotency_key]]
+            if existing.fingerprint != job.fingerprint:
+                raise IdempotencyConflictError(job.idempotency_key, existing.job.task_id)
+            return existing.job, False
+        if self.max_queue_size is not None:
+            queued = self._count(JobStatus.QUEUED)
+            if queued >= self.max_queue_size:
+                raise QueueFullError(
+                    f"the queue holds {queued} jobs, its limit (max_queue_size) is "
+                    f"{self.max_queue_size}"
+                )
+        stored = _Stored(
+            seq=next(self._seq),
+            fingerprint=job.fingerprint,
+            job=Job(
+                task_id=job.task_id,
+                type=job.type,
+                status=JobStatus.QUEUED,
+                priority=job.priority,
+                input=_json_copy(job.input),
+                created_at=job.created_at,
+                run_at=job.run_at,
+                max_attempts=job.max_attempts,
+                metadata=_json_copy(job.metadata),
+                webhook_url=job.webhook_url,
+                timeout_s=job.timeout_s,
+                deadline_at=job.deadline_at,
+                ttl_s=job.ttl_s,
+                idempotency_key=job.idempotency_key,
+            ),
+        )
+        self._jobs[job.task_id] = stored
+        if job.idempotency_key is not None:
+            self._by_key[job.idempotency_key] = job.task_id
+        self._event(stored, "status", {"status": "queued"}, job.created_at)
+        self._wake()
+        return stored.job, True
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Job | None:
+        stored = self._jobs.get(task_id)
+        return None if stored is None else stored.job
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        try:
+            below = int(cursor) if cursor is not None else None
+        except ValueError:
+            raise InvalidTransitionError(f"invalid cursor {cursor!r}") from None
+        matches = sorted(
+            (
+                s
+                for s in self._jobs.values()
+                if (status is None or s.job.status == status)
+                and (type is None or s.job.type == type)
+                and (below is None or s.seq < below)
+            ),
+            key=lambda s: -s.seq,
+        )
+        page = matches[:limit]
+        more = len(matches) > limit
+        return Page([s.job for s in page], str(page[-1].seq) if more and page else None)
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        stored = self._jobs.get(task_id)
+        if stored is None:
+            return []
+        return stored.events[after : after + limit]
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
+        if limit <= 0:
+            return []
+        due = [
+            (-s.job.priority, s.job.run_at, s.seq, s)
+            for s in self._jobs.values()
+            if s.job.status == JobStatus.QUEUED and s.job.run_at <= now
+        ]
+        claimed: list[Job] = []
+        for *_, stored in heapq.nsmallest(limit, due, key=lambda item: item[:3]):
+            job = stored.job
+            record = AttemptRecord(attempt=job.attempts + 1, worker_id=worker_id, started_at=now)
+            self._update(
+                stored,
+                status=JobStatus.PROCESSING,
+                attempts=job.attempts + 1,
+                fence=job.fence + 1,
+                worker_id=worker_id,
+                lease_expires_at=now + lease_s,
+                started_at=now,
+                history=[*job.history, record],
+            )
+            self._event(
+                stored,
+                "status",
+                {"status": "processing", "attempt": job.attempts + 1, "worker_id": worker_id},
+                now,
+            )
+            claimed.append(stored.job)
+        return claimed
+
+    async def heartbeat(
+        self, worker_id: str, *, now: float, lease_s: float, running: int
+    ) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for stored in self._jobs.values():
+            job = stored.job
+            if job.status == JobStatus.PROCESSING and job.worker_id == worker_id:
+                self._update(stored, lease_expires_at=now + lease_s)
+                held[job.task_id] = job.fence
+        previous = self._workers.get(worker_id)
+        self._workers[worker_id] = WorkerInfo(
+            worker_id=worker_id,
+            last_seen=now,
+            running=running,
+            started_at=previous.started_at if previous else now,
+        )
+        return held
+
+    async def append_event(
+        self,
+        task_id: str,
+        fence: int,
+        type: str,
+        data: Any,
+        *,
+        now: float,
+        progress: Progress | None = None,
+    ) -> int:
+        stored = self._held(task_id, fence)
+        if progress is not None:
+            self._update(stored, progress=progress)
+        return self._event(stored, type, _json_copy(data), now)
+
+    async def finish(
+        self,
+        task_id: str,
+        fence: int,
+        outcome: Outcome,
+        *,
+        now: float,
+        only_if_lease_expired: bool = False,
+    ) -> Job:
+        stored = self._held(task_id, fence)
+        job = stored.job
+        if only_if_lease_expired and (job.lease_expires_at or 0) > now:
+            raise LeaseLostError(task_id, fence)
+        if isinstance(outcome, Complete):
+            result = _json_copy(outcome.result)
+            self._update(
+                stored,
+                status=JobStatus.COMPLETED,
+                result=result,
+                usage=Usage(**outcome.usage) if outcome.usage is not None else job.usage,
+                error=None,
+                finished_at=now,
+                expires_at=now + job.ttl_s,
+                lease_expires_at=None,
+                progress=Progress(percent=100, message=job.progress.message),
+                history=self._close_history(job, now, "completed", None),
+            )
+            self._event(stored, "status", {"status": "completed", "result": result}, now)
+        elif isinstance(outcome, Fail):
+            error = outcome.error.model_dump()
+            self._update(
+                stored,
+                status=JobStatus.FAILED,
+                error=outcome.error,
+                finished_at=now,
+                expires_at=outcome.expires_at,
+                lease_expires_at=None,
+                history=self._close_history(job, now, "failed", outcome.error),
+            )
+            self._event(stored, "attempt_failed", {"error": error, "attempt": job.attempts}, now)
+            self._event(stored, "status", {"status": "failed", "error": error}, now)
+        elif isinstance(outcome, RetryAt):
+            error = outcome.error.model_dump()
+            self._update(
+                stored,
+                status=JobStatus.QUEUED,
+                error=outcome.error,
+                run_at=outcome.run_at,
+                worker_id=None,
+                lease_expires_at=None,
+                history=self._close_history(job, now, "retry", outcome.error),
+            )
+            self._event(
+                stored,
+                "attempt_failed",
+                {"error": error, "retry_at": outcome.run_at, "attempt": job.attempts},
+                now,
+            )
+            self._event(stored, "status", {"status": "queued"}, now)
+            self._wake()
+        elif isinstance(outcome, Release):
+            self._update(
+                stored,
+                status=JobStatus.QUEUED,
+                attempts=job.attempts - 1,
+                run_at=now,
+                worker_id=None,
+                lease_expires_at=None,
+                history=self._close_history(job, now, "released", None),
+            )
+            self._event(stored, "status", {"status": "queued", "released": outcome.reason}, now)
+            self._wake()
+        return stored.job
+
+    async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
+        stored = self._jobs.get(task_id)
+        if stored is None:
+            raise JobNotFoundError(task_id)
+        job = stored.job
+        if job.is_terminal:
+            return job, False
+        history = job.history
+        if job.status == JobStatus.PROCESSING:
+            history = self._close_history(job, now, "cancelled", None)
+            assert job.worker_id is not None
+            self._signals.setdefault(job.worker_id, {})[task_id] = job.fence
+        self._update(
+            stored,
+            status=JobStatus.CANCELLED,
+            finished_at=now,
+            expires_at=now + job.ttl_s,
+            lease_expires_at=None,
+            history=history,
+        )
+        self._event(stored, "status", {"status": "cancelled"}, now)
+        return stored.job, True
+
+    async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
+        return self._signals.pop(worker_id, {})
+
+    # -- admin -------------------------------------------------------------------------------
+
+    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+        stored = self._jobs.get(task_id)
+        if stored is None:
+            raise JobNotFoundError(task_id)
+        job = stored.job
+        if job.status != JobStatus.FAILED:
+            raise InvalidTransitionError(
+                f"only failed jobs can be replayed; job {task_id} is {job.status}"
+            )
+        self._update(
+            stored,
+            status=JobStatus.QUEUED,
+            max_attempts=job.attempts + extra_attempts,
+            run_at=now,
+            finished_at=None,
+            expires_at=None,
+            error=None,
+            worker_id=None,
+        )
+        self._event(stored, "status", {"status": "queued", "replayed": True}, now)
+        self._wake()
+        return stored.job
+
+    async def delete(self, task_id: str) -> bool:
+        stored = self._jobs.get(task_id)
+        if stored is None:
+            return False
+        if not stored.job.is_terminal:
+            raise InvalidTransitionError(
+                f"job {task_id} is {stored.job.status}; only terminal jobs can be deleted"
+                " (cancel it first)"
+            )
+        self._remove(stored)
+        return True
+
+    def _remove(self, stored: _Stored) -> None:
+        del self._jobs[stored.job.task_id]
+        key = stored.job.idempotency_key
+        if key is not None and self._by_key.get(key) == stored.job.task_id:
+            del self._by_key[key]
+
+    # -- sweeper -----------------------------------------------------------------------------
+
+    async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
+        expired = [
+            s.job
+            for s in self._jobs.values()
+            if s.job.status == JobStatus.PROCESSING and (s.job.lease_expires_at or 0) <= now
+        ]
+        expired.sort(key=lambda j: j.lease_expires_at or 0)
+        return expired[:limit]
+
+    async def purge_expired(self, *, now: float, limit: int) -> int:
+        doomed = [
+            s
+            for s in self._jobs.values()
+            if s.job.expires_at is not None and s.job.expires_at <= now
+        ][:limit]
+        for stored in doomed:
+            self._remove(stored)
+        return len(doomed)
+
+    async def wait_for_jobs(self, *, now: float, timeout: float) -> None:
+        queued = [s.job.run_at for s in self._jobs.values() if s.job.status == JobStatus.QUEUED]
+        next_due = min(queued, default=None)
+        if next_due is not None and next_due <= now:
+            return
+        wait = timeout if next_due is None else min(timeout, next_due - now)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait({waiter}, timeout=wait)
+        finally:
+            self._waiters.discard(waiter)
+
+    async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
+        counts = {status: 0 for status in JobStatus}
+        by_priority: dict[int, int] = {}
+        for stored in self._jobs.values():
+            counts[stored.job.status] += 1
+            if stored.job.status == JobStatus.QUEUED:
+                by_priority[stored.job.priority] = by_priority.get(stored.job.priority, 0) + 1
+        workers = sorted(
+            (w for w in self._workers.values() if w.last_seen >= now - worker_window_s),
+            key=lambda w: w.worker_id,
+        )
+        return Stats(
+            counts,
+            dict(sorted(by_priority.items(), reverse=True)),
+            counts[JobStatus.FAILED],
+            workers,
+        )

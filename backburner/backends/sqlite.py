@@ -1,0 +1,533 @@
+"""The embedded backend: one SQLite file in WAL mode, shared by any processes on one machine.
+
+Writes go through ``SQLiteExecutor`` (one thread, group commit). Every transition is a single
+transaction guarded by ``BEGIN IMMEDIATE``, so several API and worker processes can share the
+file: SQLite serialises their writers, and each statement re-checks the status and fence it
+depends on inside that transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+from typing import Any
+
+from ..errors import (
+    BackendError,
+    ConfigurationError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    LeaseLostError,
+    QueueFullError,
+)
+from ..models import ErrorInfo, Event, Job, JobStatus, Progress
+from .base import (
+    Complete,
+    Fail,
+    NewJob,
+    Outcome,
+    Page,
+    Release,
+    RetryAt,
+    Stats,
+    WorkerInfo,
+)
+from .sqlite_executor import SQLiteExecutor
+from .sqlite_schema import COLUMNS, init_connection, row_to_job
+
+_TERMINAL = ("completed", "failed", "cancelled")
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"not JSON-serialisable: {exc}") from None
+
+
+def _error_json(error: ErrorInfo) -> str:
+    return _dumps(error.model_dump())
+
+
+def _insert_event(
+    conn: sqlite3.Connection, task_id: str, seq: int, type: str, data: Any, at: float
+) -> None:
+    conn.execute(
+        "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, ?, ?, ?)",
+        (task_id, seq, type, _dumps(data), at),
+    )
+
+
+class SQLiteBackend:
+    """Backend on a SQLite file (``sqlite:///path.db``; ``sqlite://:memory:`` is refused)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        max_queue_size: int | None = None,
+        synchronous: str = "NORMAL",
+        poll_interval_s: float = 0.002,
+    ) -> None:
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ConfigurationError(f"unknown SQLite synchronous mode {synchronous!r}")
+        self.path = path
+        self.max_queue_size = max_queue_size
+        self._executor = SQLiteExecutor(
+            path,
+            init=lambda conn: init_connection(conn, synchronous.upper()),
+            poll_interval_s=poll_interval_s,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        try:
+            await self._executor.start()
+        except BackendError:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            if not await asyncio.to_thread(os.path.isdir, directory):
+                exc = BackendError(f"directory {directory!r} does not exist")
+            raise BackendError(f"cannot open SQLite database {self.path!r}: {exc}") from None
+
+    async def close(self) -> None:
+        await self._executor.stop()
+
+    # -- producers ---------------------------------------------------------------------------
+
+    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        max_queue_size = self.max_queue_size
+
+        def op(conn: sqlite3.Connection) -> tuple[Job, bool]:
+            if job.idempotency_key is not None:
+                row = conn.execute(
+                    f"SELECT {COLUMNS}, fingerprint FROM jobs WHERE idempotency_key = ?",
+                    (job.idempotency_key,),
+                ).fetchone()
+                if row is not None:
+                    if row[-1] != job.fingerprint:
+                        raise IdempotencyConflictError(job.idempotency_key, row[1])
+                    return row_to_job(row), False
+            if max_queue_size is not None:
+                (queued,) = conn.execute(
+                    "SELECT n FROM status_counts WHERE status = 'queued'"
+                ).fetchone()
+                if queued >= max_queue_size:
+                    raise QueueFullError(
+                        f"the queue holds {queued} jobs, its limit (max_queue_size) is "
+                        f"{max_queue_size}"
+                    )
+            row = conn.execute(
+                "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint,"
+                " created_at, run_at, max_attempts, metadata, webhook_url, timeout_s,"
+                " deadline_at, ttl_s, idempotency_key, event_seq)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+                f" RETURNING {COLUMNS}",
+                (
+                    job.task_id,
+                    job.type,
+                    job.priority,
+                    _dumps(job.input),
+                    job.fingerprint,
+                    job.created_at,
+                    job.run_at,
+                    job.max_attempts,
+                    _dumps(job.metadata),
+                    job.webhook_url,
+                    job.timeout_s,
+                    job.deadline_at,
+                    job.ttl_s,
+                    job.idempotency_key,
+                ),
+            ).fetchone()
+            _insert_event(conn, job.task_id, 1, "status", {"status": "queued"}, job.created_at)
+            return row_to_job(row), True
+
+        return await self._executor.run(op, wakes=True)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Job | None:
+        def op(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE task_id = ?", (task_id,))
+            found = row.fetchone()
+            return None if found is None else row_to_job(found)
+
+        return await self._executor.run(op, write=False)
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(str(status))
+        if type is not None:
+            clauses.append("type = ?")
+            params.append(type)
+        if cursor is not None:
+            try:
+                clauses.append("seq < ?")
+                params.append(int(cursor))
+            except ValueError:
+                raise InvalidTransitionError(f"invalid cursor {cursor!r}") from None
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
+        params.append(limit + 1)
+
+        def op(conn: sqlite3.Connection) -> Page:
+            rows = conn.execute(sql, params).fetchall()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            next_cursor = str(rows[-1][0]) if more and rows else None
+            return Page([row_to_job(r) for r in rows], next_cursor)
+
+        return await self._executor.run(op, write=False)
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        def op(conn: sqlite3.Connection) -> list[Event]:
+            rows = conn.execute(
+                "SELECT seq, type, data, at FROM events WHERE task_id = ? AND seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (task_id, after, limit),
+            ).fetchall()
+            return [
+                Event.model_construct(
+                    task_id=task_id, seq=seq, type=type_, data=json.loads(data), at=at
+                )
+                for seq, type_, data, at in rows
+            ]
+
+        return await self._executor.run(op, write=False)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
+        if limit <= 0:
+            return []
+
+        def op(conn: sqlite3.Connection) -> list[Job]:
+            rows = conn.execute(
+                "UPDATE jobs SET status = 'processing', attempts = attempts + 1,"
+                " fence = fence + 1, worker_id = :worker, lease_expires_at = :lease,"
+                " started_at = :now, event_seq = event_seq + 1,"
+                " history = json_insert(history, '$[#]', json_object('attempt', attempts + 1,"
+                " 'worker_id', :worker, 'started_at', :now))"
+                " WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= :now"
+                " ORDER BY priority DESC, run_at, seq LIMIT :limit)"
+                f" RETURNING {COLUMNS}",
+                {"worker": worker_id, "lease": now + lease_s, "now": now, "limit": limit},
+            ).fetchall()
+            rows.sort(key=lambda r: (-r[4], r[7], r[0]))
+            conn.executemany(
+                "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, 'status', ?, ?)",
+                [
+                    (
+                        r[1],
+                        r[28],
+                        _dumps({"status": "processing", "attempt": r[10], "worker_id": worker_id}),
+                        now,
+                    )
+                    for r in rows
+                ],
+            )
+            return [row_to_job(r) for r in rows]
+
+        return await self._executor.run(op)
+
+    async def heartbeat(
+        self, worker_id: str, *, now: float, lease_s: float, running: int
+    ) -> dict[str, int]:
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            held = conn.execute(
+                "UPDATE jobs SET lease_expires_at = ? WHERE worker_id = ?"
+                " AND status = 'processing' RETURNING task_id, fence",
+                (now + lease_s, worker_id),
+            ).fetchall()
+            conn.execute(
+                "INSERT INTO workers (worker_id, started_at, last_seen, running)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (worker_id)"
+                " DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running",
+                (worker_id, now, now, running),
+            )
+            return dict(held)
+
+        return await self._executor.run(op)
+
+    async def append_event(
+        self,
+        task_id: str,
+        fence: int,
+        type: str,
+        data: Any,
+        *,
+        now: float,
+        progress: Progress | None = None,
+    ) -> int:
+        encoded = _dumps(data)
+        if progress is None:
+            sql = (
+                "UPDATE jobs SET event_seq = event_seq + 1 WHERE task_id = ? AND fence = ?"
+                " AND status = 'processing' RETURNING event_seq"
+            )
+            params: tuple[Any, ...] = (task_id, fence)
+        else:
+            sql = (
+                "UPDATE jobs SET event_seq = event_seq + 1, progress_percent = ?,"
+                " progress_message = ? WHERE task_id = ? AND fence = ?"
+                " AND status = 'processing' RETURNING event_seq"
+            )
+            params = (progress.percent, progress.message, task_id, fence)
+
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute(sql, params).fetchone()
+            if row is None:
+                raise LeaseLostError(task_id, fence)
+            conn.execute(
+                "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, ?, ?, ?)",
+                (task_id, row[0], type, encoded, now),
+            )
+            return int(row[0])
+
+        return await self._executor.run(op)
+
+    async def finish(
+        self,
+        task_id: str,
+        fence: int,
+        outcome: Outcome,
+        *,
+        now: float,
+        only_if_lease_expired: bool = False,
+    ) -> Job:
+        guard = "task_id = :task_id AND fence = :fence AND status = 'processing'"
+        if only_if_lease_expired:
+            guard += " AND lease_expires_at <= :now"
+        params: dict[str, Any] = {"task_id": task_id, "fence": fence, "now": now}
+        close_history = (
+            "history = json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', :outcome"
+        )
+        events: list[tuple[str, Any]]
+        if isinstance(outcome, Complete):
+            params.update(
+                outcome="completed",
+                result=_dumps(outcome.result),
+                usage=None if outcome.usage is None else _dumps(outcome.usage),
+            )
+            sets = (
+                "status = 'completed', result = :result, usage = COALESCE(:usage, usage),"
+                " error = NULL, finished_at = :now, expires_at = :now + ttl_s,"
+                " lease_expires_at = NULL, progress_percent = 100, event_seq = event_seq + 1,"
+                f" {close_history})"
+            )
+            events = [("status", {"status": "completed", "result": outcome.result})]
+        elif isinstance(outcome, Fail):
+            error = outcome.error.model_dump()
+            params.update(outcome="failed", error=_dumps(error), expires_at=outcome.expires_at)
+            sets = (
+                "status = 'failed', error = :error, finished_at = :now,"
+                " expires_at = :expires_at, lease_expires_at = NULL, event_seq = event_seq + 2,"
+                f" {close_history}, '$[#-1].error', json(:error))"
+            )
+            events = [
+                ("attempt_failed", {"error": error}),
+                ("status", {"status": "failed", "error": error}),
+            ]
+        elif isinstance(outcome, RetryAt):
+            error = outcome.error.model_dump()
+            params.update(outcome="retry", error=_dumps(error), run_at=outcome.run_at)
+            sets = (
+                "status = 'queued', error = :error, run_at = :run_at, worker_id = NULL,"
+                " lease_expires_at = NULL, event_seq = event_seq + 2,"
+                f" {close_history}, '$[#-1].error', json(:error))"
+            )
+            events = [
+                ("attempt_failed", {"error": error, "retry_at": outcome.run_at}),
+                ("status", {"status": "queued"}),
+            ]
+        elif isinstance(outcome, Release):
+            params.update(outcome="released")
+            sets = (
+                "status = 'queued', attempts = attempts - 1, run_at = :now, worker_id = NULL,"
+                f" lease_expires_at = NULL, event_seq = event_seq + 1, {close_history})"
+            )
+            events = [("status", {"status": "queued", "released": outcome.reason})]
+        else:  # pragma: no cover - Outcome is a closed union
+            raise TypeError(f"unknown outcome {outcome!r}")
+        sql = f"UPDATE jobs SET {sets} WHERE {guard} RETURNING {COLUMNS}"
+
+        def op(conn: sqlite3.Connection) -> Job:
+            row = conn.execute(sql, params).fetchone()
+            if row is None:
+                raise LeaseLostError(task_id, fence)
+            last = row[28]
+            first = last - len(events) + 1
+            for offset, (type_, data) in enumerate(events):
+                data = {**data, "attempt": row[10]} if type_ == "attempt_failed" else data
+                _insert_event(conn, task_id, first + offset, type_, data, now)
+            return row_to_job(row)
+
+        wakes = isinstance(outcome, RetryAt | Release)
+        return await self._executor.run(op, wakes=wakes)
+
+    async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
+        def op(conn: sqlite3.Connection) -> tuple[Job, bool]:
+            found = conn.execute(
+                f"SELECT {COLUMNS} FROM jobs WHERE task_id = ?", (task_id,)
+            ).fetchone()
+            if found is None:
+                raise JobNotFoundError(task_id)
+            status = found[3]
+            if status in _TERMINAL:
+                return row_to_job(found), False
+            history = (
+                "json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', 'cancelled')"
+                if status == "processing"
+                else "history"
+            )
+            row = conn.execute(
+                "UPDATE jobs SET status = 'cancelled', finished_at = :now,"
+                " expires_at = :now + ttl_s, lease_expires_at = NULL,"
+                f" event_seq = event_seq + 1, history = {history}"
+                f" WHERE task_id = :task_id RETURNING {COLUMNS}",
+                {"now": now, "task_id": task_id},
+            ).fetchone()
+            if status == "processing":
+                conn.execute(
+                    "INSERT OR REPLACE INTO cancel_signals (worker_id, task_id, fence, created_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (found[25], task_id, found[12], now),
+                )
+            _insert_event(conn, task_id, row[28], "status", {"status": "cancelled"}, now)
+            return row_to_job(row), True
+
+        return await self._executor.run(op)
+
+    async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute(
+                "DELETE FROM cancel_signals WHERE worker_id = ? RETURNING task_id, fence",
+                (worker_id,),
+            ).fetchall()
+            return dict(rows)
+
+        return await self._executor.run(op)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+        def op(conn: sqlite3.Connection) -> Job:
+            found = conn.execute("SELECT status FROM jobs WHERE task_id = ?", (task_id,))
+            status = found.fetchone()
+            if status is None:
+                raise JobNotFoundError(task_id)
+            if status[0] != "failed":
+                raise InvalidTransitionError(
+                    f"only failed jobs can be replayed; job {task_id} is {status[0]}"
+                )
+            row = conn.execute(
+                "UPDATE jobs SET status = 'queued', max_attempts = attempts + :extra,"
+                " run_at = :now, finished_at = NULL, expires_at = NULL, error = NULL,"
+                " worker_id = NULL, event_seq = event_seq + 1 WHERE task_id = :task_id"
+                f" RETURNING {COLUMNS}",
+                {"extra": extra_attempts, "now": now, "task_id": task_id},
+            ).fetchone()
+            _insert_event(
+                conn, task_id, row[28], "status", {"status": "queued", "replayed": True}, now
+            )
+            return row_to_job(row)
+
+        return await self._executor.run(op, wakes=True)
+
+    async def delete(self, task_id: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            found = conn.execute("SELECT status FROM jobs WHERE task_id = ?", (task_id,))
+            status = found.fetchone()
+            if status is None:
+                return False
+            if status[0] not in _TERMINAL:
+                raise InvalidTransitionError(
+                    f"job {task_id} is {status[0]}; only terminal jobs can be deleted"
+                    " (cancel it first)"
+                )
+            conn.execute("DELETE FROM jobs WHERE task_id = ?", (task_id,))
+            conn.execute("DELETE FROM events WHERE task_id = ?", (task_id,))
+            return True
+
+        return await self._executor.run(op)
+
+    # -- sweeper -----------------------------------------------------------------------------
+
+    async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
+        def op(conn: sqlite3.Connection) -> list[Job]:
+            rows = conn.execute(
+                f"SELECT {COLUMNS} FROM jobs WHERE status = 'processing'"
+                " AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            return [row_to_job(r) for r in rows]
+
+        return await self._executor.run(op, write=False)
+
+    async def purge_expired(self, *, now: float, limit: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            ids = conn.execute(
+                "SELECT task_id FROM jobs WHERE expires_at <= ? LIMIT ?", (now, limit)
+            ).fetchall()
+            conn.executemany("DELETE FROM jobs WHERE task_id = ?", ids)
+            conn.executemany("DELETE FROM events WHERE task_id = ?", ids)
+            # A signal for a worker that died before reading it would otherwise stay forever.
+            conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))
+            return len(ids)
+
+        return await self._executor.run(op)
+
+    async def wait_for_jobs(self, *, now: float, timeout: float) -> None:
+        changed = self._executor.watch()
+        try:
+            next_due = await self._executor.run(
+                lambda conn: conn.execute(
+                    "SELECT min(run_at) FROM jobs WHERE status = 'queued'"
+                ).fetchone()[0],
+                write=False,
+            )
+            if next_due is not None and next_due <= now:
+                return
+            wait = timeout if next_due is None else min(timeout, next_due - now)
+            await asyncio.wait({changed}, timeout=wait)
+        finally:
+            self._executor.unwatch(changed)
+
+    async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
+        def op(conn: sqlite3.Connection) -> Stats:
+            counts = {
+                JobStatus(status): n
+                for status, n in conn.execute("SELECT status, n FROM status_counts")
+            }
+            by_priority = dict(
+                conn.execute(
+                    "SELECT priority, count(*) FROM jobs WHERE status = 'queued'"
+                    " GROUP BY priority ORDER BY priority DESC"
+                ).fetchall()
+            )
+            workers = [
+                WorkerInfo(worker_id=w, started_at=s, last_seen=seen, running=r)
+                for w, s, seen, r in conn.execute(
+                    "SELECT worker_id, started_at, last_seen, running FROM workers"
+                    " WHERE last_seen >= ? ORDER BY worker_id",
+                    (now - worker_window_s,),
+                )
+            ]
+            return Stats(counts, by_priority, counts[JobStatus.FAILED], workers)
+
+        return await self._executor.run(op, write=False)

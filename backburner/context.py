@@ -1,0 +1,83 @@
+"""What a running handler sees of its job: ``ctx`` and the ``current_job()`` ContextVar."""
+
+from __future__ import annotations
+
+import math
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidInputError
+from .models import Job, Progress
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+    from .clock import Clock
+
+RESERVED_EVENT_TYPES = frozenset({"status", "attempt_failed", "progress"})
+
+_current: ContextVar[JobContext] = ContextVar("backburner_current_job")
+
+
+def current_job() -> JobContext:
+    """The context of the job running in this asyncio task; LookupError outside a job."""
+    return _current.get()
+
+
+class JobContext:
+    """Handed to every handler as its first argument. Writes are fenced by the attempt."""
+
+    __slots__ = ("_backend", "_clock", "job", "usage")
+
+    def __init__(self, job: Job, backend: Backend, clock: Clock) -> None:
+        self.job = job
+        self.usage: dict[str, Any] = {}
+        self._backend = backend
+        self._clock = clock
+
+    @property
+    def job_id(self) -> str:
+        return self.job.task_id
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt; grows with each retry."""
+        return self.job.attempts
+
+    @property
+    def fence(self) -> int:
+        return self.job.fence
+
+    async def progress(self, percent: float, message: str | None = None) -> int:
+        """Record progress (0-100) and append a ``progress`` event; returns its seq."""
+        if isinstance(percent, bool) or not isinstance(percent, int | float):
+            raise InvalidInputError("progress percent must be a number")
+        if not math.isfinite(percent) or not 0 <= percent <= 100:
+            raise InvalidInputError(f"progress percent must be within 0..100, got {percent}")
+        progress = Progress(percent=float(percent), message=message)
+        return await self._backend.append_event(
+            self.job_id,
+            self.fence,
+            "progress",
+            {"percent": progress.percent, "message": message},
+            now=self._clock.now(),
+            progress=progress,
+        )
+
+    async def emit(self, type: str, data: Any = None) -> int:
+        """Append a custom event (token deltas, tool calls, ...); returns its seq.
+
+        Raises LeaseLostError once the job was cancelled or taken over.
+        """
+        if not isinstance(type, str) or not type or type in RESERVED_EVENT_TYPES:
+            raise InvalidInputError(
+                f"event type must be a non-empty string other than {sorted(RESERVED_EVENT_TYPES)}"
+            )
+        return await self._backend.append_event(
+            self.job_id, self.fence, type, data, now=self._clock.now()
+        )
+
+    def add_usage(self, *, input_tokens: int = 0, output_tokens: int = 0, **extra: Any) -> None:
+        """Accumulate token usage; stored in the job's ``usage`` when it completes."""
+        self.usage["input_tokens"] = self.usage.get("input_tokens", 0) + input_tokens
+        self.usage["output_tokens"] = self.usage.get("output_tokens", 0) + output_tokens
+        self.usage.update(extra)

@@ -1,0 +1,101 @@
+"""Every exception backburner raises on purpose.
+
+The tree::
+
+    BackburnerError                 base of everything below
+    ├── ConfigurationError          a bad setting or backend URL
+    │   └── MissingDependencyError  an optional extra is not installed
+    ├── BackendError                the storage failed (corrupt file, unwritable path, lost server)
+    ├── InvalidInputError           a bad argument to enqueue: input, priority, ttl, ...
+    │   └── UnknownTaskError        no task registered under that name
+    ├── JobNotFoundError            no such job (never existed, or deleted by its TTL)
+    ├── IdempotencyConflictError    same idempotency key, different input
+    ├── QueueFullError              the backend's queue-size bound is reached
+    ├── InvalidTransitionError      the job's state does not allow that (delete a running job)
+    ├── LeaseLostError              a worker wrote with a stale attempt (fencing)
+    └── TaskError                   raised by handlers to steer the retry policy
+        ├── Retry                   retry this attempt, optionally after a delay
+        └── PermanentError          fail the job at once, no retry
+
+Handlers may raise any exception; only ``TaskError`` subclasses carry instructions.
+"""
+
+from __future__ import annotations
+
+
+class BackburnerError(Exception):
+    """Base class of every backburner exception."""
+
+
+class ConfigurationError(BackburnerError):
+    """A setting, environment variable or backend URL is invalid."""
+
+
+class MissingDependencyError(ConfigurationError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+class BackendError(BackburnerError):
+    """The backend could not be opened, read or written."""
+
+
+class InvalidInputError(BackburnerError):
+    """An argument of enqueue (or a similar call) is invalid. Nothing was stored."""
+
+
+class UnknownTaskError(InvalidInputError):
+    """No task is registered under the given name."""
+
+
+class JobNotFoundError(BackburnerError):
+    """The job does not exist (or expired past its TTL)."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no job with id {task_id!r}")
+        self.task_id = task_id
+
+
+class IdempotencyConflictError(BackburnerError):
+    """The idempotency key is already used by a job with different input."""
+
+    def __init__(self, key: str, task_id: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} is already used by job {task_id} with different input"
+        )
+        self.key = key
+        self.task_id = task_id
+
+
+class QueueFullError(BackburnerError):
+    """The backend holds as many queued jobs as its max_queue_size allows."""
+
+
+class InvalidTransitionError(BackburnerError):
+    """The job's current status does not allow the requested change."""
+
+
+class LeaseLostError(BackburnerError):
+    """The writer no longer holds the job's lease for this attempt (it was fenced off)."""
+
+    def __init__(self, task_id: str, fence: int) -> None:
+        super().__init__(f"lease on job {task_id} (claim {fence}) is no longer held")
+        self.task_id = task_id
+        self.fence = fence
+
+
+class TaskError(BackburnerError):
+    """Base of the exceptions a handler raises to steer the retry policy."""
+
+
+class Retry(TaskError):  # noqa: N818 - a verb reads better at the raise site
+    """Retry the job; wait ``after`` seconds first if given (e.g. from Retry-After)."""
+
+    def __init__(self, message: str = "retry requested", *, after: float | None = None) -> None:
+        if after is not None and after < 0:
+            raise ValueError("Retry(after=...) must be >= 0")
+        super().__init__(message)
+        self.after = after
+
+
+class PermanentError(TaskError):
+    """Fail the job now: retrying cannot help (bad input, context too long, ...)."""

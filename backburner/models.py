@@ -1,0 +1,114 @@
+"""The job, its events and its errors as users see them (pydantic v2)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life. The last three are terminal."""
+
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class Progress(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    percent: float = 0.0
+    message: str | None = None
+
+
+class ErrorInfo(BaseModel):
+    """Why an attempt or a job failed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+    retryable: bool = False
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class AttemptRecord(BaseModel):
+    """One claim of a job by a worker, kept in the job's history (shown in the DLQ)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    worker_id: str
+    started_at: float
+    finished_at: float | None = None
+    outcome: str | None = None
+    error: ErrorInfo | None = None
+
+
+class Job(BaseModel):
+    """A job as stored. Times are Unix seconds (float)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    type: str
+    status: JobStatus
+    priority: int = 0
+    input: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    run_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    max_attempts: int = 1
+    progress: Progress = Field(default_factory=Progress)
+    result: Any = None
+    error: ErrorInfo | None = None
+    usage: Usage | None = None
+    estimated_time_sec: float | None = None
+    estimated_remaining_sec: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    webhook_url: str | None = None
+    expires_at: float | None = None
+    timeout_s: float | None = None
+    deadline_at: float | None = None
+    ttl_s: float = 86400.0
+    idempotency_key: str | None = None
+    worker_id: str | None = None
+    lease_expires_at: float | None = None
+    fence: int = 0
+    """The fencing token: incremented at every claim; writes must quote the current one."""
+    history: list[AttemptRecord] = Field(default_factory=list)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class Event(BaseModel):
+    """One entry of a job's ordered event log; ``seq`` grows by one per job."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    seq: int
+    type: str
+    data: Any = None
+    at: float

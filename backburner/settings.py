@@ -1,0 +1,108 @@
+"""One frozen Settings object, from ``BACKBURNER_*`` environment variables or arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigurationError
+
+DEFAULT_BACKEND_URL = "sqlite:///backburner.db"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every tunable of the engine. Each field ``x`` reads ``BACKBURNER_X`` in ``from_env``."""
+
+    backend_url: str = DEFAULT_BACKEND_URL
+    max_queue_size: int | None = None
+    """Most queued jobs a backend accepts; enqueue raises QueueFullError beyond. None: no bound."""
+    concurrency: int = 100
+    """Jobs one worker process runs at once."""
+    lease_s: float = 30.0
+    """How long a claim lasts without a heartbeat: the crash-detection time."""
+    heartbeat_s: float = 10.0
+    """How often a worker extends the leases it holds (well under lease_s)."""
+    cancel_poll_s: float = 0.25
+    """How often a worker looks for cancel signals for the jobs it runs."""
+    sweep_interval_s: float = 1.0
+    """How often each worker's sweeper re-queues expired leases and deletes expired jobs."""
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long running jobs may finish before they are handed back."""
+    claim_batch: int = 256
+    """Most jobs claimed in one backend call."""
+    idle_wait_s: float = 1.0
+    """Longest an idle worker waits before it looks at the queue again (wake-ups are pushed)."""
+    default_max_attempts: int = 3
+    default_timeout_s: float | None = 3600.0
+    default_ttl_s: float = 86400.0
+    """How long a finished job (and its events) stays readable."""
+    dead_letter_ttl_s: float = 7 * 86400.0
+    """How long a failed job stays in the dead-letter queue (at least its own ttl)."""
+    retry_base_s: float = 1.0
+    """Backoff before retry n is uniform in [0, min(retry_cap_s, retry_base_s * 2**(n-1))]."""
+    retry_cap_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        positive = (
+            "concurrency",
+            "lease_s",
+            "heartbeat_s",
+            "cancel_poll_s",
+            "sweep_interval_s",
+            "claim_batch",
+            "idle_wait_s",
+            "default_max_attempts",
+            "default_ttl_s",
+            "dead_letter_ttl_s",
+            "retry_cap_s",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.retry_base_s < 0 or self.shutdown_grace_s < 0:
+            raise ConfigurationError("retry_base_s and shutdown_grace_s must be >= 0")
+        if self.heartbeat_s >= self.lease_s:
+            raise ConfigurationError(
+                f"heartbeat_s ({self.heartbeat_s}) must be shorter than lease_s ({self.lease_s})"
+            )
+        if self.max_queue_size is not None and self.max_queue_size <= 0:
+            raise ConfigurationError("max_queue_size must be > 0 (or unset for no bound)")
+        if self.default_timeout_s is not None and self.default_timeout_s <= 0:
+            raise ConfigurationError("default_timeout_s must be > 0 (or unset for none)")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read ``BACKBURNER_*`` variables; ``overrides`` win. Fails loudly on bad values."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"BACKBURNER_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _parse(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _parse(name: str, type_name: str, raw: str) -> Any:
+    text = raw.strip()
+    optional = "None" in type_name
+    if optional and text.lower() in ("", "none"):
+        return None
+    try:
+        if type_name.startswith("int"):
+            return int(text)
+        if type_name.startswith("float"):
+            return float(text)
+    except ValueError:
+        kind = "an integer" if type_name.startswith("int") else "a number"
+        raise ConfigurationError(f"BACKBURNER_{name.upper()}={raw!r} is not {kind}") from None
+    return text

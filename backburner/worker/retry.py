@@ -1,0 +1,73 @@
+"""The retry policy: how an attempt's exception becomes the job's next state."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..backends.base import Fail, Outcome, RetryAt
+from ..errors import PermanentError, Retry
+from ..models import ErrorInfo, Job
+from ..tasks import TaskDefinition
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter and a cap; ``Retry(after=...)`` overrides it."""
+
+    base_s: float = 1.0
+    cap_s: float = 300.0
+    dead_letter_ttl_s: float = 7 * 86400.0
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Delay before the retry that follows failed attempt ``attempt`` (1-based).
+
+        Uniform in [0, min(cap, base * 2**(attempt-1))] ("full jitter"), so a burst of
+        failures does not come back as a burst.
+        """
+        ceiling = min(self.cap_s, self.base_s * 2.0 ** min(attempt - 1, 62))
+        return (rng or random).uniform(0.0, ceiling)
+
+    def classify(
+        self, exc: BaseException, task: TaskDefinition | None
+    ) -> tuple[ErrorInfo, float | None]:
+        """The error record for ``exc`` and the delay it asks for (None: use backoff)."""
+        if isinstance(exc, Retry):
+            return ErrorInfo(type="retry", message=str(exc), retryable=True), exc.after
+        if isinstance(exc, PermanentError):
+            return ErrorInfo(type=_name(exc), message=str(exc), retryable=False), None
+        if isinstance(exc, TimeoutError):
+            message = str(exc) or "the attempt timed out"
+            return ErrorInfo(type="timeout", message=message, retryable=True), None
+        retryable = True
+        if task is not None:
+            retryable = isinstance(exc, task.retry_on) and not isinstance(exc, task.permanent_on)
+        return ErrorInfo(type=_name(exc), message=str(exc) or repr(exc), retryable=retryable), None
+
+    def after_failure(
+        self, job: Job, error: ErrorInfo, delay: float | None, *, now: float
+    ) -> Outcome:
+        """Retry the job (RetryAt) or fail it into the DLQ (Fail), by budget and deadline."""
+        expires_at = now + max(job.ttl_s, self.dead_letter_ttl_s)
+        if not error.retryable:
+            return Fail(error, expires_at)
+        if job.attempts >= job.max_attempts:
+            exhausted = ErrorInfo(
+                type=error.type,
+                message=f"{error.message} (gave up after {job.attempts} attempts)",
+                retryable=True,
+            )
+            return Fail(exhausted, expires_at)
+        run_at = now + (self.backoff(job.attempts) if delay is None else delay)
+        if job.deadline_at is not None and run_at >= job.deadline_at:
+            late = ErrorInfo(
+                type="deadline_exceeded",
+                message=f"{error.message} (the retry would start after the job's deadline)",
+                retryable=False,
+            )
+            return Fail(late, expires_at)
+        return RetryAt(error, run_at)
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
