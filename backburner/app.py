@@ -7,7 +7,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .backends import Backend, Page, backend_from_url
 from .backends.base import NewJob, fingerprint, new_task_id
@@ -99,9 +99,26 @@ class Backburner:
 
     # -- registry ----------------------------------------------------------------------------
 
+    @overload
+    def task(self, name: H, /) -> H: ...
+
+    @overload
     def task(
         self,
-        name: str | Callable[..., Any] | None = None,
+        name: str | None = None,
+        *,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        ttl: float | None = None,
+        priority: int = 0,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        permanent_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[H], H]: ...
+
+    def task(
+        self,
+        name: str | Handler | None = None,
         *,
         max_attempts: int | None = None,
         timeout: float | None = None,

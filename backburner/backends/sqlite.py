@@ -62,6 +62,11 @@ def _insert_event(
     )
 
 
+def _missing_directory(path: str) -> str | None:
+    directory = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(directory) else directory
+
+
 class SQLiteBackend:
     """Backend on a SQLite file (``sqlite:///path.db``; ``sqlite://:memory:`` is refused)."""
 
@@ -89,9 +94,9 @@ class SQLiteBackend:
         try:
             await self._executor.start()
         except BackendError:
-            directory = os.path.dirname(os.path.abspath(self.path))
-            if not await asyncio.to_thread(os.path.isdir, directory):
-                exc = BackendError(f"directory {directory!r} does not exist")
+            missing = await asyncio.to_thread(_missing_directory, self.path)
+            if missing is not None:
+                exc = BackendError(f"directory {missing!r} does not exist")
             raise BackendError(f"cannot open SQLite database {self.path!r}: {exc}") from None
 
     async def close(self) -> None:
