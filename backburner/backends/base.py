@@ -63,7 +63,8 @@ class Fail:
     """The job fails for good (``failed``) and shows in the dead-letter queue."""
 
     error: ErrorInfo
-    expires_at: float
+    ttl_s: float
+    """How long the failed job stays (in the DLQ) before it expires."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +200,8 @@ class Backend(Protocol):
 
         Fenced like append_event. With ``only_if_lease_expired`` it also requires the lease to
         have expired by ``now`` (the sweeper's guard against a heartbeat that just landed).
-        Complete and Fail make the job terminal with expires_at = now + ttl_s (Fail carries
-        its own expires_at); RetryAt and Release re-queue it; Release also gives the attempt
+        Complete and Fail make the job terminal with expires_at = now + the job's ttl_s
+        (Fail carries its own ttl_s, the dead-letter retention); RetryAt and Release re-queue it; Release also gives the attempt
         back (attempts-1), the fence still grows on the next claim.
         """
         ...

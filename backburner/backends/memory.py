@@ -277,7 +277,7 @@ class MemoryBackend:
                 status=JobStatus.FAILED,
                 error=outcome.error,
                 finished_at=now,
-                expires_at=outcome.expires_at,
+                expires_at=now + outcome.ttl_s,
                 lease_expires_at=None,
                 history=self._close_history(job, now, "failed", outcome.error),
             )

@@ -338,10 +338,11 @@ class SQLiteBackend:
             events = [("status", {"status": "completed", "result": outcome.result})]
         elif isinstance(outcome, Fail):
             error = outcome.error.model_dump()
-            params.update(outcome="failed", error=_dumps(error), expires_at=outcome.expires_at)
+            params.update(outcome="failed", error=_dumps(error), fail_ttl=outcome.ttl_s)
             sets = (
                 "status = 'failed', error = :error, finished_at = :now,"
-                " expires_at = :expires_at, lease_expires_at = NULL, event_seq = event_seq + 2,"
+                " expires_at = :now + :fail_ttl, lease_expires_at = NULL,"
+                " event_seq = event_seq + 2,"
                 f" {close_history}, '$[#-1].error', json(:error))"
             )
             events = [

@@ -48,16 +48,16 @@ class RetryPolicy:
         self, job: Job, error: ErrorInfo, delay: float | None, *, now: float
     ) -> Outcome:
         """Retry the job (RetryAt) or fail it into the DLQ (Fail), by budget and deadline."""
-        expires_at = now + max(job.ttl_s, self.dead_letter_ttl_s)
+        ttl_s = max(job.ttl_s, self.dead_letter_ttl_s)
         if not error.retryable:
-            return Fail(error, expires_at)
+            return Fail(error, ttl_s)
         if job.attempts >= job.max_attempts:
             exhausted = ErrorInfo(
                 type=error.type,
                 message=f"{error.message} (gave up after {job.attempts} attempts)",
                 retryable=True,
             )
-            return Fail(exhausted, expires_at)
+            return Fail(exhausted, ttl_s)
         run_at = now + (self.backoff(job.attempts) if delay is None else delay)
         if job.deadline_at is not None and run_at >= job.deadline_at:
             late = ErrorInfo(
@@ -65,7 +65,7 @@ class RetryPolicy:
                 message=f"{error.message} (the retry would start after the job's deadline)",
                 retryable=False,
             )
-            return Fail(late, expires_at)
+            return Fail(late, ttl_s)
         return RetryAt(error, run_at)
 
 

@@ -58,7 +58,8 @@ class Worker:
         if self.concurrency <= 0:
             raise InvalidInputError("concurrency must be > 0")
         self.worker_id = worker_id or default_worker_id()
-        self.running: dict[str, _Running] = {}
+        self.running: dict[tuple[str, int], _Running] = {}
+        """The attempts in progress, by (task_id, fence)."""
         self.started = asyncio.Event()
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
@@ -78,8 +79,8 @@ class Worker:
 
     def cancel_local(self, task_id: str, fence: int, reason: str = CANCELLED) -> bool:
         """Cancel the asyncio task running ``task_id`` under ``fence``, if it runs here."""
-        running = self.running.get(task_id)
-        if running is None or running.job.fence != fence:
+        running = self.running.get((task_id, fence))
+        if running is None:
             return False
         if running.reason is None:
             running.reason = reason
@@ -191,17 +192,15 @@ class Worker:
 
     def _start(self, job: Job) -> None:
         task = asyncio.create_task(self._execute(job), name=f"backburner:{job.task_id}")
-        self.running[job.task_id] = _Running(job, task)
-        task_id = job.task_id
-        task.add_done_callback(lambda done: self._finished(task_id, done))
+        key = (job.task_id, job.fence)
+        self.running[key] = _Running(job, task)
+        task.add_done_callback(lambda done: self._finished(key, done))
 
-    def _finished(self, task_id: str, task: asyncio.Task[None]) -> None:
-        running = self.running.get(task_id)
-        if running is not None and running.task is task:
-            del self.running[task_id]
+    def _finished(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        self.running.pop(key, None)
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None:
-            log.error("job %s: worker bug", task_id, exc_info=task.exception())
+            log.error("job %s: worker bug", key[0], exc_info=task.exception())
 
     async def _execute(self, job: Job) -> None:
         app = self.app
@@ -261,7 +260,7 @@ class Worker:
                 ) from None
             return Complete(result, usage=ctx.usage or None)
         except asyncio.CancelledError:
-            running = self.running.get(job.task_id)
+            running = self.running.get((job.task_id, job.fence))
             reason = running.reason if running is not None else None
             if reason == SHUTDOWN:
                 return Release()
@@ -270,7 +269,7 @@ class Worker:
                 return None
             raise
         except _FailNowError as exc:
-            return Fail(exc.error, now + max(job.ttl_s, policy.dead_letter_ttl_s))
+            return Fail(exc.error, max(job.ttl_s, policy.dead_letter_ttl_s))
         except Exception as exc:
             error, delay = policy.classify(exc, definition)
             log.info(
@@ -310,11 +309,11 @@ class Worker:
                     self.cancel_local(running.job.task_id, running.job.fence, LEASE_LOST)
             raise
         self._last_beat = issued
-        for task_id, running in list(self.running.items()):
+        for (task_id, fence), running in list(self.running.items()):
             # A job registered after the heartbeat was issued may not be in its answer yet.
-            if running.registered < issued and held.get(task_id) != running.job.fence:
+            if running.registered < issued and held.get(task_id) != fence:
                 log.warning("job %s: lease lost; stopping it", task_id)
-                self.cancel_local(task_id, running.job.fence, LEASE_LOST)
+                self.cancel_local(task_id, fence, LEASE_LOST)
 
     async def _poll_cancels(self) -> None:
         signals = await self.app.backend.poll_cancellations(self.worker_id)

@@ -1,0 +1,48 @@
+"""Small test helpers: wait on conditions (never on bare sleeps), run worker tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from backburner import Backburner
+from backburner.worker import Worker
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> float:
+    """Poll ``check`` until it is true; returns the seconds it took. Fails after ``timeout``."""
+    start = time.monotonic()
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{message} not reached within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+@asynccontextmanager
+async def running_worker(bb: Backburner, **options: object) -> AsyncIterator[Worker]:
+    """A worker running in this event loop; shut down (gracefully) on exit."""
+    worker = bb.worker(**options)  # type: ignore[arg-type]
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait(
+        {task, asyncio.create_task(worker.started.wait())}, return_when=asyncio.FIRST_COMPLETED
+    )
+    if task.done():
+        task.result()
+    try:
+        yield worker
+    finally:
+        worker.shutdown()
+        await asyncio.wait_for(task, 30)

@@ -1,0 +1,272 @@
+"""Real worker processes sharing one SQLite file, stopped with real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from backburner import Backburner, JobStatus, Settings
+
+from ..helpers import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+Spawn = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'shared.db'}"
+
+
+@pytest.fixture
+def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[BinaryIO] = []
+
+    def start(*, concurrency: int = 10, **settings: float) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "BACKBURNER_BACKEND_URL": db_url}
+        base = {
+            "lease_s": 2.0,
+            "heartbeat_s": 0.5,
+            "sweep_interval_s": 0.2,
+            "cancel_poll_s": 0.1,
+            "shutdown_grace_s": 10.0,
+        }
+        for name, value in {**base, **settings}.items():
+            env[f"BACKBURNER_{name.upper()}"] = str(value)
+        log = (tmp_path / f"worker-{len(procs)}.log").open("wb")
+        logs.append(log)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "backburner",
+                "worker",
+                "tests.workerapp:bb",
+                "--concurrency",
+                str(concurrency),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    for log in logs:
+        log.close()
+
+
+@pytest.fixture
+async def bb(db_url: str) -> Backburner:
+    app = Backburner(db_url, settings=Settings(backend_url=db_url))
+    from tests import workerapp
+
+    app.tasks.update(workerapp.bb.tasks)
+    await app.connect()
+    yield app  # type: ignore[misc]
+    await app.close()
+
+
+async def wait_registered(bb: Backburner, proc: subprocess.Popen[bytes]) -> str:
+    found: list[str] = []
+
+    async def seen() -> bool:
+        assert proc.poll() is None, "worker process exited"
+        stats = await bb.backend.stats(now=time.time())
+        found[:] = [w.worker_id for w in stats.workers if f":{proc.pid}:" in w.worker_id]
+        return bool(found)
+
+    await eventually(seen, timeout=30, message="worker registered")
+    return found[0]
+
+
+async def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    await eventually(lambda: proc.poll() is not None, timeout=timeout, message="process exit")
+    return proc.returncode
+
+
+async def test_sigkill_mid_job_another_worker_finishes_it(
+    bb: Backburner, spawn: Spawn, tmp_path: Path
+) -> None:
+    first = spawn()
+    await wait_registered(bb, first)
+    job = await bb.enqueue("sleepy", {"seconds": 1.0, "marker_dir": str(tmp_path)})
+    await eventually(
+        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
+    )
+    second = spawn()
+    await wait_registered(bb, second)
+    first.kill()  # SIGKILL: no cleanup, the lease must expire
+    assert first.wait(10) == -signal.SIGKILL
+    done = await bb.wait(job.task_id, timeout=60)
+    assert done.status == JobStatus.COMPLETED
+    assert done.result["pid"] == second.pid
+    assert done.attempts == 2
+    assert [h.outcome for h in done.history] == ["retry", "completed"]
+    assert done.history[0].error is not None
+    assert done.history[0].error.type == "lease_expired"
+    starts = [
+        line
+        for line in (tmp_path / job.task_id).read_text().splitlines()
+        if line.startswith("start")
+    ]
+    assert [s.split()[1] for s in starts] == [str(first.pid), str(second.pid)]
+    statuses = [e.data["status"] for e in await bb.events(job.task_id) if e.type == "status"]
+    assert statuses == ["queued", "processing", "queued", "processing", "completed"]
+
+
+async def test_sigterm_lets_the_running_job_finish(bb: Backburner, spawn: Spawn) -> None:
+    proc = spawn(shutdown_grace_s=20)
+    await wait_registered(bb, proc)
+    job = await bb.enqueue("sleepy", {"seconds": 1.0})
+    await eventually(
+        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert await wait_exit(proc, 30) == 0
+    done = await bb.get(job.task_id)
+    assert done.status == JobStatus.COMPLETED and done.result["pid"] == proc.pid
+
+
+async def test_sigterm_past_the_grace_period_hands_the_job_back(
+    bb: Backburner, spawn: Spawn
+) -> None:
+    proc = spawn(shutdown_grace_s=0.5)
+    await wait_registered(bb, proc)
+    job = await bb.enqueue("sleepy", {"seconds": 60})
+    await eventually(
+        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert await wait_exit(proc, 30) == 0
+    back = await bb.get(job.task_id)
+    assert back.status == JobStatus.QUEUED
+    assert back.attempts == 0
+    assert back.history[-1].outcome == "released"
+
+
+async def test_second_sigterm_exits_at_once(bb: Backburner, spawn: Spawn) -> None:
+    proc = spawn(shutdown_grace_s=120)
+    await wait_registered(bb, proc)
+    job = await bb.enqueue("sleepy", {"seconds": 60})
+    await eventually(
+        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
+    )
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.2)  # let the first signal be handled on its own (not a sync point)
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    await wait_exit(proc, 30)
+    assert time.monotonic() - started < 5
+    back = await bb.get(job.task_id)
+    assert back.status == JobStatus.QUEUED and back.attempts == 0
+
+
+async def test_cancel_reaches_a_worker_in_another_process_within_a_second(
+    bb: Backburner, spawn: Spawn, tmp_path: Path
+) -> None:
+    proc = spawn()
+    await wait_registered(bb, proc)
+    job = await bb.enqueue("sleepy", {"seconds": 60, "marker_dir": str(tmp_path)})
+    await eventually(lambda: (tmp_path / job.task_id).exists(), timeout=30, message="started")
+    asked = time.time()
+    cancelled = await bb.cancel(job.task_id)
+    assert cancelled.status == JobStatus.CANCELLED
+
+    def stopped() -> bool:
+        return "stop" in (tmp_path / job.task_id).read_text()
+
+    await eventually(stopped, timeout=10, message="handler stopped")
+    stop_line = next(
+        line
+        for line in (tmp_path / job.task_id).read_text().splitlines()
+        if line.startswith("stop")
+    )
+    assert float(stop_line.split()[2]) - asked < 1.0
+    final = await bb.get(job.task_id)
+    assert final.status == JobStatus.CANCELLED
+    assert [e.type for e in await bb.events(job.task_id)][-2:] == ["tick", "status"]
+    # The worker is still healthy and runs the next job.
+    nxt = await bb.enqueue("noop")
+    assert (await bb.wait(nxt.task_id, timeout=30)).status == JobStatus.COMPLETED
+
+
+async def test_several_workers_share_one_file_and_run_each_job_once(
+    bb: Backburner, spawn: Spawn, tmp_path: Path
+) -> None:
+    procs = [spawn(concurrency=20) for _ in range(3)]
+    for proc in procs:
+        await wait_registered(bb, proc)
+    jobs = [
+        await bb.enqueue("sleepy", {"seconds": 0.01, "marker_dir": str(tmp_path)})
+        for _ in range(300)
+    ]
+    done = [await bb.wait(job.task_id, timeout=120) for job in jobs]
+    assert all(j.status == JobStatus.COMPLETED and j.attempts == 1 for j in done)
+    for job in jobs:
+        lines = (tmp_path / job.task_id).read_text().splitlines()
+        assert len([line for line in lines if line.startswith("start")]) == 1
+    pids = {j.result["pid"] for j in done}
+    assert len(pids) >= 2, f"one worker took every job: {pids}"
+
+
+PRODUCER = """
+import asyncio, sys
+from backburner import Backburner, Settings
+from tests import workerapp
+
+async def main():
+    bb = Backburner(sys.argv[1], settings=Settings(backend_url=sys.argv[1]))
+    bb.tasks.update(workerapp.bb.tasks)
+    jobs = await asyncio.gather(*[
+        bb.enqueue("noop", {}, idempotency_key="same-key") for _ in range(25)
+    ])
+    print("\\n".join(j.task_id for j in jobs))
+    await bb.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_idempotent_enqueue_across_processes_makes_one_job(
+    bb: Backburner, db_url: str
+) -> None:
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            PRODUCER,
+            db_url,
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
+    outputs = [await asyncio.wait_for(p.communicate(), 60) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    ids = {line for out, _ in outputs for line in out.decode().split()}
+    assert len(ids) == 1
+    page = await bb.list(limit=1000)
+    assert [j.task_id for j in page.jobs] == list(ids)
+
+
+async def _status(bb: Backburner, task_id: str, status: JobStatus) -> bool:
+    return (await bb.get(task_id)).status == status

@@ -1,0 +1,36 @@
+"""The app that worker subprocesses in tests run: ``backburner worker tests.workerapp:bb``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from backburner import Backburner, JobContext, Settings
+
+bb = Backburner(settings=Settings.from_env())
+
+
+def _mark(marker_dir: str | None, task_id: str, line: str) -> None:
+    if marker_dir is not None:
+        with (Path(marker_dir) / task_id).open("a") as f:
+            f.write(line + "\n")
+
+
+@bb.task(max_attempts=5)
+async def sleepy(ctx: JobContext, seconds: float, marker_dir: str | None = None) -> dict[str, Any]:
+    """Sleeps; leaves one 'start' line per execution and a 'stop' line with the time it ended."""
+    _mark(marker_dir, ctx.job_id, f"start {os.getpid()} {ctx.attempt}")
+    try:
+        await ctx.emit("tick", {"pid": os.getpid()})
+        await asyncio.sleep(seconds)
+    finally:
+        _mark(marker_dir, ctx.job_id, f"stop {os.getpid()} {time.time()}")
+    return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@bb.task
+async def noop(ctx: JobContext) -> None:
+    return None
