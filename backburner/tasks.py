@@ -29,13 +29,26 @@ class TaskDefinition:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     permanent_on: tuple[type[BaseException], ...] = ()
     signature: inspect.Signature = field(init=False, repr=False, compare=False)
+    _required: frozenset[str] = field(init=False, repr=False, compare=False)
+    _allowed: frozenset[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_handler(self.name, self.handler)
-        object.__setattr__(self, "signature", inspect.signature(self.handler))
+        signature = inspect.signature(self.handler)
+        object.__setattr__(self, "signature", signature)
+        params = list(signature.parameters.values())[1:]
+        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        required = {p.name for p in params if p.kind in keyword and p.default is p.empty}
+        allowed = {p.name for p in params if p.kind in keyword}
+        var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        object.__setattr__(self, "_required", frozenset(required))
+        object.__setattr__(self, "_allowed", None if var_keyword else frozenset(allowed))
 
     def check_input(self, payload: dict[str, Any]) -> None:
         """Raise InvalidInputError unless ``handler(ctx, **payload)`` would bind."""
+        keys = payload.keys()
+        if self._required <= keys and (self._allowed is None or keys <= self._allowed):
+            return  # the common case, without the cost of Signature.bind
         try:
             self.signature.bind(None, **payload)
         except TypeError as exc:

@@ -200,9 +200,10 @@ class Backend(Protocol):
 
         Fenced like append_event. With ``only_if_lease_expired`` it also requires the lease to
         have expired by ``now`` (the sweeper's guard against a heartbeat that just landed).
-        Complete and Fail make the job terminal with expires_at = now + the job's ttl_s
-        (Fail carries its own ttl_s, the dead-letter retention); RetryAt and Release re-queue it; Release also gives the attempt
-        back (attempts-1), the fence still grows on the next claim.
+        Complete and Fail make the job terminal with expires_at = now + the job's ttl_s (Fail
+        carries its own ttl_s, the dead-letter retention); RetryAt and Release re-queue it;
+        Release also gives the attempt back (attempts-1); the fence still grows on the next
+        claim.
         """
         ...
 

@@ -53,12 +53,17 @@ def _error_json(error: ErrorInfo) -> str:
     return _dumps(error.model_dump())
 
 
+class _Encoded(str):
+    """Event data already encoded as JSON (saves encoding a large result twice)."""
+
+
 def _insert_event(
     conn: sqlite3.Connection, task_id: str, seq: int, type: str, data: Any, at: float
 ) -> None:
+    encoded = data if isinstance(data, _Encoded) else _dumps(data)
     conn.execute(
         "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, ?, ?, ?)",
-        (task_id, seq, type, _dumps(data), at),
+        (task_id, seq, type, encoded, at),
     )
 
 
@@ -93,11 +98,12 @@ class SQLiteBackend:
     async def connect(self) -> None:
         try:
             await self._executor.start()
-        except BackendError:
+        except BackendError as exc:
+            reason = str(exc)
             missing = await asyncio.to_thread(_missing_directory, self.path)
             if missing is not None:
-                exc = BackendError(f"directory {missing!r} does not exist")
-            raise BackendError(f"cannot open SQLite database {self.path!r}: {exc}") from None
+                reason = f"directory {missing!r} does not exist"
+            raise BackendError(f"cannot open SQLite database {self.path!r}: {reason}") from None
 
     async def close(self) -> None:
         await self._executor.stop()
@@ -220,6 +226,7 @@ class SQLiteBackend:
     async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
         if limit <= 0:
             return []
+        worker = f'"worker_id":{_dumps(worker_id)}'
 
         def op(conn: sqlite3.Connection) -> list[Job]:
             rows = conn.execute(
@@ -228,7 +235,8 @@ class SQLiteBackend:
                 " started_at = :now, event_seq = event_seq + 1,"
                 " history = json_insert(history, '$[#]', json_object('attempt', attempts + 1,"
                 " 'worker_id', :worker, 'started_at', :now))"
-                " WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= :now"
+                " WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_queue"
+                " WHERE status = 'queued' AND run_at <= :now"
                 " ORDER BY priority DESC, run_at, seq LIMIT :limit)"
                 f" RETURNING {COLUMNS}",
                 {"worker": worker_id, "lease": now + lease_s, "now": now, "limit": limit},
@@ -237,12 +245,7 @@ class SQLiteBackend:
             conn.executemany(
                 "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, 'status', ?, ?)",
                 [
-                    (
-                        r[1],
-                        r[28],
-                        _dumps({"status": "processing", "attempt": r[10], "worker_id": worker_id}),
-                        now,
-                    )
+                    (r[1], r[28], f'{{"status":"processing","attempt":{r[10]},{worker}}}', now)
                     for r in rows
                 ],
             )
@@ -255,7 +258,7 @@ class SQLiteBackend:
     ) -> dict[str, int]:
         def op(conn: sqlite3.Connection) -> dict[str, int]:
             held = conn.execute(
-                "UPDATE jobs SET lease_expires_at = ? WHERE worker_id = ?"
+                "UPDATE jobs INDEXED BY jobs_worker SET lease_expires_at = ? WHERE worker_id = ?"
                 " AND status = 'processing' RETURNING task_id, fence",
                 (now + lease_s, worker_id),
             ).fetchall()
@@ -324,9 +327,10 @@ class SQLiteBackend:
         )
         events: list[tuple[str, Any]]
         if isinstance(outcome, Complete):
+            result = _dumps(outcome.result)
             params.update(
                 outcome="completed",
-                result=_dumps(outcome.result),
+                result=result,
                 usage=None if outcome.usage is None else _dumps(outcome.usage),
             )
             sets = (
@@ -335,7 +339,7 @@ class SQLiteBackend:
                 " lease_expires_at = NULL, progress_percent = 100, event_seq = event_seq + 1,"
                 f" {close_history})"
             )
-            events = [("status", {"status": "completed", "result": outcome.result})]
+            events = [("status", _Encoded(f'{{"status":"completed","result":{result}}}'))]
         elif isinstance(outcome, Fail):
             error = outcome.error.model_dump()
             params.update(outcome="failed", error=_dumps(error), fail_ttl=outcome.ttl_s)
@@ -477,7 +481,7 @@ class SQLiteBackend:
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
         def op(conn: sqlite3.Connection) -> list[Job]:
             rows = conn.execute(
-                f"SELECT {COLUMNS} FROM jobs WHERE status = 'processing'"
+                f"SELECT {COLUMNS} FROM jobs INDEXED BY jobs_lease WHERE status = 'processing'"
                 " AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?",
                 (now, limit),
             ).fetchall()
@@ -503,7 +507,7 @@ class SQLiteBackend:
         try:
             next_due = await self._executor.run(
                 lambda conn: conn.execute(
-                    "SELECT min(run_at) FROM jobs WHERE status = 'queued'"
+                    "SELECT min(run_at) FROM jobs INDEXED BY jobs_due WHERE status = 'queued'"
                 ).fetchone()[0],
                 write=False,
             )
@@ -522,7 +526,8 @@ class SQLiteBackend:
             }
             by_priority = dict(
                 conn.execute(
-                    "SELECT priority, count(*) FROM jobs WHERE status = 'queued'"
+                    "SELECT priority, count(*) FROM jobs INDEXED BY jobs_queue"
+                    " WHERE status = 'queued'"
                     " GROUP BY priority ORDER BY priority DESC"
                 ).fetchall()
             )

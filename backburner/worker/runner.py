@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -212,7 +211,12 @@ class Worker:
         if outcome is None:
             return
         try:
-            stored = await app.backend.finish(job.task_id, job.fence, outcome, now=clock.now())
+            try:
+                stored = await app.backend.finish(job.task_id, job.fence, outcome, now=clock.now())
+            except InvalidInputError as exc:  # the backend could not encode the result
+                error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
+                outcome = Fail(error, max(job.ttl_s, app.retry_policy.dead_letter_ttl_s))
+                stored = await app.backend.finish(job.task_id, job.fence, outcome, now=clock.now())
         except LeaseLostError:
             log.info("job %s: lease lost before its outcome was written; dropped", job.task_id)
             return
@@ -252,12 +256,6 @@ class Worker:
                 timeout = left if timeout is None else min(timeout, left)
             async with asyncio.timeout(timeout):
                 result = await definition.call(ctx, job.input)
-            try:
-                json.dumps(result, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise _FailNowError(
-                    "invalid_result", f"result is not JSON-serialisable: {exc}"
-                ) from None
             return Complete(result, usage=ctx.usage or None)
         except asyncio.CancelledError:
             running = self.running.get((job.task_id, job.fence))

@@ -1,0 +1,230 @@
+"""Job-engine benchmark on the embedded SQLite backend (run by hand, not a test).
+
+    python bench/engine.py                 # all scenarios, 3 runs each
+    python bench/engine.py --runs 5 --only drain,pickup
+
+Scenarios (each worker runs in its own process, like production):
+  enqueue   one producer: 10,000 enqueues one after another, and 10,000 with 64 in flight
+  drain     10,000 queued no-op jobs drained by one worker process (concurrency 100)
+  pickup    an idle worker process; one job at a time, 200 times: started_at - created_at
+  sleepers  10,000 jobs that each sleep 2 s, one worker process at concurrency 10,000:
+            wall time from the worker's start to the last completion, and the worker's peak RSS
+
+Prints a table (min / median over runs) and writes bench/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backburner import Backburner, Hooks, Job, JobContext, Settings  # noqa: E402
+
+
+def make_app(url: str, **settings: Any) -> Backburner:
+    bb = Backburner(url, settings=Settings(backend_url=url, **settings))
+
+    @bb.task(max_attempts=1)
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    @bb.task(max_attempts=1)
+    async def nap(ctx: JobContext, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    return bb
+
+
+class CountCompletions(Hooks):
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.done = 0
+        self.reached = asyncio.Event()
+
+    async def on_complete(self, job: Job) -> None:
+        self.done += 1
+        if self.done >= self.target:
+            self.reached.set()
+
+
+# -- children: one worker process per scenario ------------------------------------------------
+
+
+async def child_worker(url: str, target: int, concurrency: int) -> None:
+    """Run a worker until ``target`` jobs completed (0: until killed); print a JSON line."""
+    counter = CountCompletions(target)
+    bb = make_app(url)
+    bb.hooks.hooks.append(counter)
+    await bb.connect()
+    worker = bb.worker(concurrency=concurrency)
+    running = asyncio.create_task(worker.run())
+    await worker.started.wait()
+    start = time.perf_counter()
+    print(json.dumps({"ready": True}), flush=True)
+    if target == 0:
+        await running
+        return
+    await counter.reached.wait()
+    elapsed = time.perf_counter() - start
+    worker.shutdown()
+    await running
+    await bb.close()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"elapsed_s": elapsed, "peak_rss_mb": rss_mb}), flush=True)
+
+
+def spawn_worker(url: str, target: int, concurrency: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "_worker", url, str(target), str(concurrency)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line or not json.loads(line).get("ready"):
+        raise RuntimeError("worker did not start")
+    return proc
+
+
+def finish_worker(proc: subprocess.Popen[str]) -> dict[str, float]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    proc.wait(60)
+    result: dict[str, float] = json.loads(line)
+    return result
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+
+
+async def fill(url: str, task: str, payload: dict[str, Any], count: int) -> None:
+    bb = make_app(url)
+    await bb.connect()
+    for start in range(0, count, 500):
+        await asyncio.gather(*[bb.enqueue(task, payload) for _ in range(min(500, count - start))])
+    await bb.close()
+
+
+async def scenario_enqueue(url: str, count: int = 10_000) -> dict[str, float]:
+    bb = make_app(url)
+    await bb.connect()
+    start = time.perf_counter()
+    for _ in range(count):
+        await bb.enqueue("noop")
+    sequential = count / (time.perf_counter() - start)
+    semaphore = asyncio.Semaphore(64)
+
+    async def one() -> None:
+        async with semaphore:
+            await bb.enqueue("noop")
+
+    start = time.perf_counter()
+    await asyncio.gather(*[one() for _ in range(count)])
+    concurrent = count / (time.perf_counter() - start)
+    await bb.close()
+    return {"enqueue_sequential_per_s": sequential, "enqueue_64_in_flight_per_s": concurrent}
+
+
+async def scenario_drain(url: str, count: int = 10_000) -> dict[str, float]:
+    await fill(url, "noop", {}, count)
+    proc = spawn_worker(url, count, 100)
+    result = finish_worker(proc)
+    return {"drain_per_s": count / result["elapsed_s"], "drain_peak_rss_mb": result["peak_rss_mb"]}
+
+
+async def scenario_pickup(url: str, count: int = 200) -> dict[str, float]:
+    proc = spawn_worker(url, 0, 100)
+    bb = make_app(url)
+    await bb.connect()
+    latencies: list[float] = []
+    try:
+        for _ in range(count):
+            job = await bb.enqueue("noop")
+            done = await bb.wait(job.task_id, timeout=30)
+            assert done.started_at is not None
+            latencies.append((done.started_at - done.created_at) * 1000)
+            await asyncio.sleep(0.02)  # let the worker go idle again
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        await bb.close()
+    latencies.sort()
+    return {
+        "pickup_p50_ms": latencies[len(latencies) // 2],
+        "pickup_p99_ms": latencies[int(len(latencies) * 0.99) - 1],
+    }
+
+
+async def scenario_sleepers(url: str, count: int = 10_000) -> dict[str, float]:
+    await fill(url, "nap", {"seconds": 2.0}, count)
+    proc = spawn_worker(url, count, count)
+    result = finish_worker(proc)
+    return {"sleepers_wall_s": result["elapsed_s"], "sleepers_peak_rss_mb": result["peak_rss_mb"]}
+
+
+SCENARIOS = {
+    "enqueue": scenario_enqueue,
+    "drain": scenario_drain,
+    "pickup": scenario_pickup,
+    "sleepers": scenario_sleepers,
+}
+
+
+def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
+    samples: dict[str, list[float]] = {}
+    for name in names:
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                url = f"sqlite:///{tmp}/bench.db"
+                for key, value in asyncio.run(SCENARIOS[name](url)).items():
+                    samples.setdefault(key, []).append(value)
+    return {
+        key: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": len(v)}
+        for key, v in samples.items()
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_worker":
+        asyncio.run(child_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    results = run_all(names, args.runs)
+    print(f"{'metric':32} {'min':>10} {'median':>10} {'max':>10}")
+    for key, r in results.items():
+        print(f"{key:32} {r['min']:10.2f} {r['median']:10.2f} {r['max']:10.2f}")
+    meta = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Bad input gets a typed exception with a clear message, and nothing is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backburner import Backburner, JobContext, Settings
+from backburner.backends import Backend
+from backburner.errors import (
+    BackendError,
+    ConfigurationError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    QueueFullError,
+    UnknownTaskError,
+)
+from backburner.models import JobStatus
+
+
+def make_app(backend: Backend) -> Backburner:
+    bb = Backburner(backend, settings=Settings(backend_url="memory://"))
+
+    @bb.task
+    async def summarize(ctx: JobContext, text: str, words: int = 10) -> str:
+        return text
+
+    return bb
+
+
+BAD_ENQUEUES: list[tuple[str, Any, dict[str, Any], type[Exception], str]] = [
+    ("nope", {}, {}, UnknownTaskError, "unknown task 'nope'"),
+    ("summarize", {"text": {1, 2}}, {}, InvalidInputError, "not JSON-serialisable"),
+    ("summarize", {"text": math.nan}, {}, InvalidInputError, "not JSON-serialisable"),
+    ("summarize", ["text"], {}, InvalidInputError, "must be a JSON object"),
+    ("summarize", {}, {}, InvalidInputError, "missing a required argument: 'text'"),
+    ("summarize", {"text": "x", "other": 1}, {}, InvalidInputError, "unexpected keyword"),
+    ("summarize", {"text": "x"}, {"priority": 101}, InvalidInputError, "-100..100"),
+    ("summarize", {"text": "x"}, {"priority": "high"}, InvalidInputError, "must be an integer"),
+    ("summarize", {"text": "x"}, {"priority": True}, InvalidInputError, "must be an integer"),
+    ("summarize", {"text": "x"}, {"ttl": 0}, InvalidInputError, "ttl must be a positive"),
+    ("summarize", {"text": "x"}, {"ttl": -5}, InvalidInputError, "ttl must be a positive"),
+    ("summarize", {"text": "x"}, {"timeout": 0}, InvalidInputError, "timeout must be"),
+    ("summarize", {"text": "x"}, {"max_attempts": 0}, InvalidInputError, "max_attempts"),
+    ("summarize", {"text": "x"}, {"delay": -1}, InvalidInputError, "delay must be"),
+    ("summarize", {"text": "x"}, {"delay": 1, "run_at": 5.0}, InvalidInputError, "not both"),
+    ("summarize", {"text": "x"}, {"idempotency_key": ""}, InvalidInputError, "idempotency_key"),
+    ("summarize", {"text": "x"}, {"metadata": "m"}, InvalidInputError, "metadata must be"),
+    ("summarize", {"text": "x"}, {"webhook_url": "ftp://x"}, InvalidInputError, "webhook_url"),
+]
+
+
+@pytest.mark.parametrize(("task", "payload", "options", "error", "message"), BAD_ENQUEUES)
+async def test_bad_enqueue_is_refused_and_nothing_stored(
+    backend: Backend,
+    task: str,
+    payload: Any,
+    options: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    bb = make_app(backend)
+    with pytest.raises(error) as caught:
+        await bb.enqueue(task, payload, **options)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert (await bb.list()).jobs == []
+
+
+async def test_idempotency_key_reuse(backend: Backend) -> None:
+    bb = make_app(backend)
+    first = await bb.enqueue("summarize", {"text": "a"}, idempotency_key="k")
+    again = await bb.enqueue("summarize", {"text": "a"}, idempotency_key="k")
+    assert again.task_id == first.task_id
+    with pytest.raises(IdempotencyConflictError, match="already used by job"):
+        await bb.enqueue("summarize", {"text": "b"}, idempotency_key="k")
+    assert len((await bb.list()).jobs) == 1
+
+
+async def test_100_concurrent_enqueues_with_one_key_make_one_job(backend: Backend) -> None:
+    bb = make_app(backend)
+    jobs = await asyncio.gather(
+        *[bb.enqueue("summarize", {"text": "a"}, idempotency_key="same") for _ in range(100)]
+    )
+    assert len({job.task_id for job in jobs}) == 1
+    assert len((await bb.list()).jobs) == 1
+
+
+async def test_queue_full(tmp_path: Path, backend_kind: str) -> None:
+    bb = Backburner(
+        f"sqlite:///{tmp_path}/q.db" if backend_kind == "sqlite" else "memory://",
+        settings=Settings(max_queue_size=2),
+    )
+
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    await bb.enqueue("noop")
+    await bb.enqueue("noop")
+    with pytest.raises(QueueFullError, match="max_queue_size"):
+        await bb.enqueue("noop")
+    assert len((await bb.list()).jobs) == 2
+    await bb.close()
+
+
+async def test_corrupt_and_unwritable_databases(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"garbage" * 1000)
+    with pytest.raises(BackendError, match="cannot open SQLite database"):
+        await Backburner(f"sqlite:///{corrupt}").connect()
+    with pytest.raises(BackendError, match="does not exist"):
+        await Backburner(f"sqlite:///{tmp_path}/missing/dir/x.db").connect()
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(BackendError):
+            await Backburner(f"sqlite:///{locked}/x.db").connect()
+    readonly_parent = Path("/proc/backburner.db")
+    with pytest.raises(BackendError, match="cannot open SQLite database"):
+        await Backburner(f"sqlite:///{readonly_parent}").connect()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("bogus://", "unknown backend URL"),
+        ("sqlite://", "give a file path"),
+        ("sqlite:///:memory:", "give a file path"),
+        ("sqlite://host/x.db", "invalid SQLite URL"),
+        ("sqlite:///x.db?wat=1", "unknown SQLite URL option"),
+        ("sqlite:///x.db?synchronous=SOMETIMES", "synchronous"),
+        ("redis://localhost", "not available yet"),
+    ],
+)
+def test_bad_backend_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Backburner(url)
+
+
+def test_settings_from_env_fail_loudly() -> None:
+    settings = Settings.from_env({"BACKBURNER_CONCURRENCY": "50", "BACKBURNER_LEASE_S": "12.5"})
+    assert settings.concurrency == 50 and settings.lease_s == 12.5
+    assert Settings.from_env({"BACKBURNER_MAX_QUEUE_SIZE": "none"}).max_queue_size is None
+    with pytest.raises(ConfigurationError, match="BACKBURNER_CONCURRENCY='many' is not an"):
+        Settings.from_env({"BACKBURNER_CONCURRENCY": "many"})
+    with pytest.raises(ConfigurationError, match="concurrency must be > 0"):
+        Settings.from_env({"BACKBURNER_CONCURRENCY": "0"})
+    with pytest.raises(ConfigurationError, match="heartbeat_s"):
+        Settings(lease_s=5, heartbeat_s=5)
+
+
+def test_task_registration_errors() -> None:
+    bb = Backburner("memory://")
+
+    with pytest.raises(TypeError, match="async function"):
+
+        @bb.task
+        def not_async(ctx: JobContext) -> None:  # type: ignore[type-var]
+            return None
+
+    @bb.task
+    async def once(ctx: JobContext) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="already registered"):
+        bb.task(name="once")(once)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        bb.task(max_attempts=0)(once)
+    with pytest.raises(ConfigurationError, match="priority"):
+        bb.task(name="p", priority=1000)(once)
+
+
+async def test_list_validates_arguments(backend: Backend) -> None:
+    bb = make_app(backend)
+    with pytest.raises(InvalidInputError, match="unknown status"):
+        await bb.list(status="sleeping")
+    with pytest.raises(InvalidInputError, match="limit"):
+        await bb.list(limit=0)
+    job = await bb.enqueue("summarize", {"text": "a"})
+    assert (await bb.list(status=JobStatus.QUEUED)).jobs[0].task_id == job.task_id
