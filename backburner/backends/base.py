@@ -129,7 +129,8 @@ class Backend(Protocol):
 
         Atomic. If ``job.idempotency_key`` names an existing job, nothing is stored and that
         job is returned with created=False when its fingerprint matches, else
-        IdempotencyConflictError. QueueFullError when the queue-size bound is reached.
+        IdempotencyConflictError. QueueFullError when the queue-size bound is reached;
+        BackendError if ``job.task_id`` already exists (an existing job is never replaced).
         """
         ...
 
@@ -145,7 +146,10 @@ class Backend(Protocol):
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        """Jobs newest first, filtered; a pure read. Cursor pagination is stable under inserts."""
+        """Jobs newest first, filtered; a pure read. Cursor pagination is stable under inserts.
+
+        InvalidInputError for a cursor this backend did not hand out.
+        """
         ...
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
@@ -183,7 +187,8 @@ class Backend(Protocol):
     ) -> int:
         """Append an event (and, if given, set the job's progress); return its seq.
 
-        Fenced: raises LeaseLostError unless the job is processing under ``fence``.
+        Fenced: raises LeaseLostError unless the job is processing under ``fence`` (before any
+        other complaint, such as InvalidInputError for data that is not JSON).
         """
         ...
 

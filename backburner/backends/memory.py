@@ -11,9 +11,12 @@ import heapq
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from ..errors import (
+    BackendError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
@@ -31,6 +34,14 @@ def _json_copy(value: Any) -> Any:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"not JSON-serialisable: {exc}") from None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _copy(model: M) -> M:
+    """Hand out copies, as a real store would: a caller's mutation must not reach the store."""
+    return model.model_copy(deep=True)
 
 
 @dataclass
@@ -99,11 +110,13 @@ class MemoryBackend:
     # -- producers ---------------------------------------------------------------------------
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        if job.task_id in self._jobs:
+            raise BackendError(f"a job with id {job.task_id} already exists")
         if job.idempotency_key is not None and job.idempotency_key in self._by_key:
             existing = self._jobs[self._by_key[job.idempotency_key]]
             if existing.fingerprint != job.fingerprint:
                 raise IdempotencyConflictError(job.idempotency_key, existing.job.task_id)
-            return existing.job, False
+            return _copy(existing.job), False
         if self.max_queue_size is not None:
             queued = self._count(JobStatus.QUEUED)
             if queued >= self.max_queue_size:
@@ -136,13 +149,13 @@ class MemoryBackend:
             self._by_key[job.idempotency_key] = job.task_id
         self._event(stored, "status", {"status": "queued"}, job.created_at)
         self._wake()
-        return stored.job, True
+        return _copy(stored.job), True
 
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> Job | None:
         stored = self._jobs.get(task_id)
-        return None if stored is None else stored.job
+        return None if stored is None else _copy(stored.job)
 
     async def list_jobs(
         self,
@@ -155,7 +168,7 @@ class MemoryBackend:
         try:
             below = int(cursor) if cursor is not None else None
         except ValueError:
-            raise InvalidTransitionError(f"invalid cursor {cursor!r}") from None
+            raise InvalidInputError(f"invalid cursor {cursor!r}") from None
         matches = sorted(
             (
                 s
@@ -168,13 +181,13 @@ class MemoryBackend:
         )
         page = matches[:limit]
         more = len(matches) > limit
-        return Page([s.job for s in page], str(page[-1].seq) if more and page else None)
+        return Page([_copy(s.job) for s in page], str(page[-1].seq) if more and page else None)
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
         stored = self._jobs.get(task_id)
         if stored is None:
             return []
-        return stored.events[after : after + limit]
+        return [_copy(e) for e in stored.events if e.seq > after][:limit]
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -206,7 +219,7 @@ class MemoryBackend:
                 {"status": "processing", "attempt": job.attempts + 1, "worker_id": worker_id},
                 now,
             )
-            claimed.append(stored.job)
+            claimed.append(_copy(stored.job))
         return claimed
 
     async def heartbeat(
@@ -238,9 +251,10 @@ class MemoryBackend:
         progress: Progress | None = None,
     ) -> int:
         stored = self._held(task_id, fence)
+        data = _json_copy(data)
         if progress is not None:
             self._update(stored, progress=progress)
-        return self._event(stored, type, _json_copy(data), now)
+        return self._event(stored, type, data, now)
 
     async def finish(
         self,
@@ -257,11 +271,12 @@ class MemoryBackend:
             raise LeaseLostError(task_id, fence)
         if isinstance(outcome, Complete):
             result = _json_copy(outcome.result)
+            usage = _json_copy(outcome.usage)
             self._update(
                 stored,
                 status=JobStatus.COMPLETED,
                 result=result,
-                usage=Usage(**outcome.usage) if outcome.usage is not None else job.usage,
+                usage=Usage(**usage) if usage is not None else job.usage,
                 error=None,
                 finished_at=now,
                 expires_at=now + job.ttl_s,
@@ -314,7 +329,7 @@ class MemoryBackend:
             )
             self._event(stored, "status", {"status": "queued", "released": outcome.reason}, now)
             self._wake()
-        return stored.job
+        return _copy(stored.job)
 
     async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
         stored = self._jobs.get(task_id)
@@ -322,7 +337,7 @@ class MemoryBackend:
             raise JobNotFoundError(task_id)
         job = stored.job
         if job.is_terminal:
-            return job, False
+            return _copy(job), False
         history = job.history
         if job.status == JobStatus.PROCESSING:
             history = self._close_history(job, now, "cancelled", None)
@@ -337,7 +352,7 @@ class MemoryBackend:
             history=history,
         )
         self._event(stored, "status", {"status": "cancelled"}, now)
-        return stored.job, True
+        return _copy(stored.job), True
 
     async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
         return self._signals.pop(worker_id, {})
@@ -365,7 +380,7 @@ class MemoryBackend:
         )
         self._event(stored, "status", {"status": "queued", "replayed": True}, now)
         self._wake()
-        return stored.job
+        return _copy(stored.job)
 
     async def delete(self, task_id: str) -> bool:
         stored = self._jobs.get(task_id)
@@ -381,6 +396,8 @@ class MemoryBackend:
 
     def _remove(self, stored: _Stored) -> None:
         del self._jobs[stored.job.task_id]
+        for signals in self._signals.values():
+            signals.pop(stored.job.task_id, None)
         key = stored.job.idempotency_key
         if key is not None and self._by_key.get(key) == stored.job.task_id:
             del self._by_key[key]
@@ -394,7 +411,7 @@ class MemoryBackend:
             if s.job.status == JobStatus.PROCESSING and (s.job.lease_expires_at or 0) <= now
         ]
         expired.sort(key=lambda j: j.lease_expires_at or 0)
-        return expired[:limit]
+        return [_copy(j) for j in expired[:limit]]
 
     async def purge_expired(self, *, now: float, limit: int) -> int:
         doomed = [

@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import (
     BackendError,
@@ -191,7 +191,7 @@ class SQLiteBackend:
                 clauses.append("seq < ?")
                 params.append(int(cursor))
             except ValueError:
-                raise InvalidTransitionError(f"invalid cursor {cursor!r}") from None
+                raise InvalidInputError(f"invalid cursor {cursor!r}") from None
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
         params.append(limit + 1)
@@ -282,7 +282,10 @@ class SQLiteBackend:
         now: float,
         progress: Progress | None = None,
     ) -> int:
-        encoded = _dumps(data)
+        try:
+            encoded = _dumps(data)
+        except InvalidInputError as exc:
+            await self._raise_unless_held(task_id, fence, exc)
         if progress is None:
             sql = (
                 "UPDATE jobs SET event_seq = event_seq + 1 WHERE task_id = ? AND fence = ?"
@@ -327,12 +330,12 @@ class SQLiteBackend:
         )
         events: list[tuple[str, Any]]
         if isinstance(outcome, Complete):
-            result = _dumps(outcome.result)
-            params.update(
-                outcome="completed",
-                result=result,
-                usage=None if outcome.usage is None else _dumps(outcome.usage),
-            )
+            try:
+                result = _dumps(outcome.result)
+                usage = None if outcome.usage is None else _dumps(outcome.usage)
+            except InvalidInputError as exc:
+                await self._raise_unless_held(task_id, fence, exc)
+            params.update(outcome="completed", result=result, usage=usage)
             sets = (
                 "status = 'completed', result = :result, usage = COALESCE(:usage, usage),"
                 " error = NULL, finished_at = :now, expires_at = :now + ttl_s,"
@@ -389,6 +392,20 @@ class SQLiteBackend:
 
         wakes = isinstance(outcome, RetryAt | Release)
         return await self._executor.run(op, wakes=wakes)
+
+    async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
+        """A stale writer hears about its lease first, whatever else is wrong with its write."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM jobs WHERE task_id = ? AND fence = ? AND status = 'processing'",
+                (task_id, fence),
+            ).fetchone()
+            return row is not None
+
+        if not await self._executor.run(op, write=False):
+            raise LeaseLostError(task_id, fence)
+        raise error
 
     async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
         def op(conn: sqlite3.Connection) -> tuple[Job, bool]:

@@ -162,6 +162,7 @@ class SQLiteExecutor:
                 check_same_thread=False,
             )
             self._init(conn)
+            self._data_version = conn.execute("PRAGMA data_version").fetchone()[0]
         except BaseException as exc:  # report any open failure to connect()'s caller
             failed: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = [
                 (ready, None, _wrap_error(exc))

@@ -1,0 +1,145 @@
+"""wait_for_jobs: at once when work is due, woken by new work, bounded by its timeout.
+
+wait_for_jobs measures its waits in real seconds, so these tests use short real waits and
+assert with generous margins: a missed wake-up shows as a 30 s wait cut off at 5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from backburner.backends import Backend
+from backburner.backends.base import Release, RetryAt
+from backburner.models import JobStatus
+
+from ._support import T0, drive, enqueue, error, peer
+
+LONG = 30.0
+"""The timeout passed to waits that should end early."""
+PATIENCE = 5.0
+"""How long a test lets such a wait run before calling the wake-up missed."""
+
+
+async def _parked(backend: Backend, *, now: float = T0) -> asyncio.Task[None]:
+    """A wait_for_jobs(timeout=LONG) that is really waiting (retrying spurious wake-ups)."""
+    for _ in range(5):
+        task = asyncio.create_task(backend.wait_for_jobs(now=now, timeout=LONG))
+        await asyncio.sleep(0.05)
+        if not task.done():
+            return task
+        await task  # a spurious wake-up is allowed; look again
+    pytest.fail("wait_for_jobs with nothing to do never waits")
+
+
+async def _finishes_soon(task: asyncio.Task[None]) -> float:
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(task, PATIENCE)
+    except TimeoutError:
+        pytest.fail(f"wait_for_jobs(timeout={LONG}) was not woken within {PATIENCE} s")
+    return time.monotonic() - started
+
+
+async def test_returns_at_once_when_a_job_is_due(backend: Backend) -> None:
+    await enqueue(backend, now=T0)
+    started = time.monotonic()
+    await asyncio.wait_for(backend.wait_for_jobs(now=T0, timeout=LONG), PATIENCE)
+    assert time.monotonic() - started < 1.0
+
+
+async def test_returns_at_once_when_a_delayed_job_has_become_due(backend: Backend) -> None:
+    await enqueue(backend, now=T0, run_at=T0 + 60)
+    started = time.monotonic()
+    await asyncio.wait_for(backend.wait_for_jobs(now=T0 + 60, timeout=LONG), PATIENCE)
+    assert time.monotonic() - started < 1.0
+
+
+async def test_waits_at_most_until_the_next_delayed_job(backend: Backend) -> None:
+    await enqueue(backend, now=T0, run_at=T0 + 0.3)
+    started = time.monotonic()
+    await asyncio.wait_for(backend.wait_for_jobs(now=T0, timeout=LONG), PATIENCE)
+    assert time.monotonic() - started < PATIENCE
+
+
+async def test_returns_by_the_timeout_when_nothing_comes(backend: Backend) -> None:
+    await backend.wait_for_jobs(now=T0, timeout=0.01)  # settle any first-call wake-up
+    started = time.monotonic()
+    await asyncio.wait_for(backend.wait_for_jobs(now=T0, timeout=0.2), PATIENCE)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.0
+    # A job due long after the timeout does not stretch the wait either.
+    await enqueue(backend, now=T0, run_at=T0 + 3600)
+    started = time.monotonic()
+    await asyncio.wait_for(backend.wait_for_jobs(now=T0, timeout=0.2), PATIENCE)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_jobs_that_are_not_queued_do_not_count_as_due(backend: Backend) -> None:
+    await drive(backend, JobStatus.PROCESSING)
+    await drive(backend, JobStatus.COMPLETED)
+    await drive(backend, JobStatus.CANCELLED)
+    task = await _parked(backend, now=T0 + 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def _enqueue_here(backend: Backend, other: Backend) -> None:
+    await enqueue(backend, now=T0)
+
+
+async def _enqueue_elsewhere(backend: Backend, other: Backend) -> None:
+    await enqueue(other, now=T0)
+
+
+async def _enqueue_delayed_then_due(backend: Backend, other: Backend) -> None:
+    await enqueue(other, now=T0, run_at=T0 + 0.2)
+
+
+WAKERS: dict[str, Callable[[Backend, Backend], Awaitable[None]]] = {
+    "enqueue": _enqueue_here,
+    "enqueue-from-another-connection": _enqueue_elsewhere,
+    "enqueue-delayed": _enqueue_delayed_then_due,
+}
+
+
+@pytest.mark.parametrize("how", list(WAKERS))
+async def test_an_enqueue_wakes_a_waiter(backend: Backend, how: str) -> None:
+    async with peer(backend) as other:
+        await backend.wait_for_jobs(now=T0, timeout=0.01)  # settle any first-call wake-up
+        task = await _parked(backend)
+        started = time.monotonic()
+        await WAKERS[how](backend, other)
+        await _finishes_soon(task)
+        assert time.monotonic() - started < PATIENCE
+
+
+@pytest.mark.parametrize("outcome", ["release", "retry-now"])
+async def test_a_requeued_job_wakes_a_waiter(backend: Backend, outcome: str) -> None:
+    job = await drive(backend, JobStatus.PROCESSING)
+    async with peer(backend) as other:
+        task = await _parked(other, now=T0 + 5)
+        if outcome == "release":
+            await backend.finish(job.task_id, job.fence, Release(), now=T0 + 5)
+        else:
+            await backend.finish(job.task_id, job.fence, RetryAt(error(), T0 + 5), now=T0 + 5)
+        await _finishes_soon(task)
+        assert await other.claim("w2", limit=1, now=T0 + 5, lease_s=30) != []
+
+
+async def test_a_replay_wakes_a_waiter(backend: Backend) -> None:
+    failed = await drive(backend, JobStatus.FAILED)
+    task = await _parked(backend, now=T0 + 10)
+    await backend.replay(failed.task_id, now=T0 + 10, extra_attempts=1)
+    await _finishes_soon(task)
+
+
+async def test_many_waiters_are_all_woken(backend: Backend) -> None:
+    await backend.wait_for_jobs(now=T0, timeout=0.01)
+    tasks = [await _parked(backend) for _ in range(5)]
+    await enqueue(backend, now=T0)
+    await asyncio.wait_for(asyncio.gather(*tasks), PATIENCE)
