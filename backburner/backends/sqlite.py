@@ -37,7 +37,20 @@ from .base import (
     WorkerInfo,
 )
 from .sqlite_executor import SQLiteExecutor
-from .sqlite_schema import COLUMNS, init_connection, row_to_job
+from .sqlite_schema import (
+    ATTEMPTS,
+    COLUMNS,
+    EVENT_SEQ,
+    FENCE,
+    PRIORITY,
+    RUN_AT,
+    SEQ,
+    STATUS,
+    TASK_ID,
+    WORKER_ID,
+    init_connection,
+    row_to_job,
+)
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
@@ -121,7 +134,7 @@ class SQLiteBackend:
                 ).fetchone()
                 if row is not None:
                     if row[-1] != job.fingerprint:
-                        raise IdempotencyConflictError(job.idempotency_key, row[1])
+                        raise IdempotencyConflictError(job.idempotency_key, row[TASK_ID])
                     return row_to_job(row), False
             if max_queue_size is not None:
                 (queued,) = conn.execute(
@@ -241,11 +254,16 @@ class SQLiteBackend:
                 f" RETURNING {COLUMNS}",
                 {"worker": worker_id, "lease": now + lease_s, "now": now, "limit": limit},
             ).fetchall()
-            rows.sort(key=lambda r: (-r[4], r[7], r[0]))
+            rows.sort(key=lambda r: (-r[PRIORITY], r[RUN_AT], r[SEQ]))
             conn.executemany(
                 "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, 'status', ?, ?)",
                 [
-                    (r[1], r[28], f'{{"status":"processing","attempt":{r[10]},{worker}}}', now)
+                    (
+                        r[TASK_ID],
+                        r[EVENT_SEQ],
+                        f'{{"status":"processing","attempt":{r[ATTEMPTS]},{worker}}}',
+                        now,
+                    )
                     for r in rows
                 ],
             )
@@ -383,10 +401,10 @@ class SQLiteBackend:
             row = conn.execute(sql, params).fetchone()
             if row is None:
                 raise LeaseLostError(task_id, fence)
-            last = row[28]
+            last = row[EVENT_SEQ]
             first = last - len(events) + 1
             for offset, (type_, data) in enumerate(events):
-                data = {**data, "attempt": row[10]} if type_ == "attempt_failed" else data
+                data = {**data, "attempt": row[ATTEMPTS]} if type_ == "attempt_failed" else data
                 _insert_event(conn, task_id, first + offset, type_, data, now)
             return row_to_job(row)
 
@@ -414,7 +432,7 @@ class SQLiteBackend:
             ).fetchone()
             if found is None:
                 raise JobNotFoundError(task_id)
-            status = found[3]
+            status = found[STATUS]
             if status in _TERMINAL:
                 return row_to_job(found), False
             history = (
@@ -433,9 +451,9 @@ class SQLiteBackend:
                 conn.execute(
                     "INSERT OR REPLACE INTO cancel_signals (worker_id, task_id, fence, created_at)"
                     " VALUES (?, ?, ?, ?)",
-                    (found[25], task_id, found[12], now),
+                    (found[WORKER_ID], task_id, found[FENCE], now),
                 )
-            _insert_event(conn, task_id, row[28], "status", {"status": "cancelled"}, now)
+            _insert_event(conn, task_id, row[EVENT_SEQ], "status", {"status": "cancelled"}, now)
             return row_to_job(row), True
 
         return await self._executor.run(op)
@@ -470,7 +488,7 @@ class SQLiteBackend:
                 {"extra": extra_attempts, "now": now, "task_id": task_id},
             ).fetchone()
             _insert_event(
-                conn, task_id, row[28], "status", {"status": "queued", "replayed": True}, now
+                conn, task_id, row[EVENT_SEQ], "status", {"status": "queued", "replayed": True}, now
             )
             return row_to_job(row)
 

@@ -6,13 +6,17 @@ commits once (group commit): a thousand concurrent enqueues cost one fsync-free 
 failing operation rolls back alone. Results go back to the callers' event loops in one
 ``call_soon_threadsafe`` per batch.
 
-The thread also notices commits by other processes (``PRAGMA data_version``) and wakes
+A second thread checkpoints the WAL (at most twice a second, after writes), so the fsync a
+checkpoint costs never stalls the writer.
+
+The writer thread also notices commits by other processes (``PRAGMA data_version``) and wakes
 coroutines waiting in ``wait_for_change``; it polls only while someone waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import sqlite3
 import threading
@@ -22,6 +26,8 @@ from typing import Any, TypeVar
 from ..errors import BackburnerError, BackendError
 
 T = TypeVar("T")
+
+log = logging.getLogger("backburner.sqlite")
 
 _STOP = object()
 _NUDGE = object()
@@ -83,6 +89,9 @@ class SQLiteExecutor:
         self._watchers: set[asyncio.Future[None]] = set()
         self._watchers_lock = threading.Lock()
         self._data_version: int | None = None
+        self._dirty = threading.Event()
+        self._stopping = threading.Event()
+        self._checkpointer: threading.Thread | None = None
 
     async def start(self) -> None:
         """Open the connection on the worker thread and run ``init`` (schema) there."""
@@ -99,6 +108,11 @@ class SQLiteExecutor:
             self._thread.join()
             self._thread = None
             raise
+        self._stopping.clear()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name="backburner-sqlite-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
 
     async def stop(self) -> None:
         thread = self._thread
@@ -106,7 +120,34 @@ class SQLiteExecutor:
             return
         self._thread = None
         self._queue.put(_STOP)
+        self._stopping.set()
+        self._dirty.set()
         await asyncio.to_thread(thread.join)
+        if self._checkpointer is not None:
+            await asyncio.to_thread(self._checkpointer.join)
+            self._checkpointer = None
+
+    def _checkpoint_loop(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_size_limit=67108864")
+            while True:
+                self._dirty.wait()
+                if self._stopping.is_set():
+                    return
+                self._dirty.clear()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error as exc:  # busy or I/O: the next round tries again
+                    log.debug("checkpoint failed: %s", exc)
+                if self._stopping.wait(0.5):
+                    return
+        except sqlite3.Error as exc:
+            log.warning("checkpoint thread stopped: %s", exc)
+        finally:
+            if conn is not None:
+                conn.close()
 
     async def run(
         self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, wakes: bool = False
@@ -240,6 +281,8 @@ class SQLiteExecutor:
             outcomes = [(future, None, error) for future, _, _ in outcomes]
             wakes = False
         self._deliver(outcomes)
+        if writes:
+            self._dirty.set()
         if wakes:
             self._wake_watchers()
 
