@@ -136,6 +136,7 @@ async def _demo(bb: Backburner, count: int) -> None:
                 await asyncio.sleep(0.1)
         worker.shutdown()
         await running
+        out.print()
         dead = await bb.dead_letters(limit=5)
         out.print(
             f"{len(dead.jobs)} job(s) in the dead-letter queue; replay one with "

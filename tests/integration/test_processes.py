@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import pytest
 
-from backburner import Backburner, JobStatus, Settings
+from backburner import Backburner, Job, JobStatus, Settings
 
 from ..helpers import eventually
 
@@ -98,6 +98,19 @@ async def wait_registered(bb: Backburner, proc: subprocess.Popen[bytes]) -> str:
     return found[0]
 
 
+async def start_running(
+    bb: Backburner, spawn: Spawn, payload: dict[str, object], **settings: float
+) -> tuple[subprocess.Popen[bytes], Job]:
+    """A fresh worker process, and a job of ours that it has claimed."""
+    proc = spawn(**settings)
+    await wait_registered(bb, proc)
+    job = await bb.enqueue("sleepy", payload)
+    await eventually(
+        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
+    )
+    return proc, job
+
+
 async def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
     await eventually(lambda: proc.poll() is not None, timeout=timeout, message="process exit")
     return proc.returncode
@@ -134,12 +147,7 @@ async def test_sigkill_mid_job_another_worker_finishes_it(
 
 
 async def test_sigterm_lets_the_running_job_finish(bb: Backburner, spawn: Spawn) -> None:
-    proc = spawn(shutdown_grace_s=20)
-    await wait_registered(bb, proc)
-    job = await bb.enqueue("sleepy", {"seconds": 1.0})
-    await eventually(
-        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
-    )
+    proc, job = await start_running(bb, spawn, {"seconds": 1.0}, shutdown_grace_s=20)
     proc.send_signal(signal.SIGTERM)
     assert await wait_exit(proc, 30) == 0
     done = await bb.get(job.task_id)
@@ -149,12 +157,7 @@ async def test_sigterm_lets_the_running_job_finish(bb: Backburner, spawn: Spawn)
 async def test_sigterm_past_the_grace_period_hands_the_job_back(
     bb: Backburner, spawn: Spawn
 ) -> None:
-    proc = spawn(shutdown_grace_s=0.5)
-    await wait_registered(bb, proc)
-    job = await bb.enqueue("sleepy", {"seconds": 60})
-    await eventually(
-        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
-    )
+    proc, job = await start_running(bb, spawn, {"seconds": 60}, shutdown_grace_s=0.5)
     proc.send_signal(signal.SIGTERM)
     assert await wait_exit(proc, 30) == 0
     back = await bb.get(job.task_id)
@@ -164,12 +167,7 @@ async def test_sigterm_past_the_grace_period_hands_the_job_back(
 
 
 async def test_second_sigterm_exits_at_once(bb: Backburner, spawn: Spawn) -> None:
-    proc = spawn(shutdown_grace_s=120)
-    await wait_registered(bb, proc)
-    job = await bb.enqueue("sleepy", {"seconds": 60})
-    await eventually(
-        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
-    )
+    proc, job = await start_running(bb, spawn, {"seconds": 60}, shutdown_grace_s=120)
     proc.send_signal(signal.SIGTERM)
     await asyncio.sleep(0.2)  # let the first signal be handled on its own (not a sync point)
     proc.send_signal(signal.SIGTERM)

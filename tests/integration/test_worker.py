@@ -14,6 +14,7 @@ from backburner.clock import ManualClock
 from backburner.context import JobContext
 from backburner.errors import LeaseLostError
 from backburner.models import ErrorInfo, JobStatus
+from backburner.worker import Worker
 
 from ..helpers import eventually, running_worker
 
@@ -319,10 +320,11 @@ async def test_graceful_shutdown_lets_running_jobs_finish(backend: Backend) -> N
     assert done.status == JobStatus.COMPLETED and done.result == "finished"
 
 
-async def test_shutdown_after_grace_hands_jobs_back_without_burning_an_attempt(
-    backend: Backend,
-) -> None:
-    bb = make_app(backend, shutdown_grace_s=0.2)
+async def start_endless_job(
+    backend: Backend, **settings: Any
+) -> tuple[Backburner, Worker, asyncio.Task[None], Job, asyncio.Event]:
+    """A worker running a job that would never end (max_attempts=1) until stopped."""
+    bb = make_app(backend, **settings)
     started = asyncio.Event()
 
     @bb.task(max_attempts=1)
@@ -334,6 +336,13 @@ async def test_shutdown_after_grace_hands_jobs_back_without_burning_an_attempt(
     task = asyncio.create_task(worker.run())
     job = await bb.enqueue("endless")
     await asyncio.wait_for(started.wait(), 20)
+    return bb, worker, task, job, started
+
+
+async def test_shutdown_after_grace_hands_jobs_back_without_burning_an_attempt(
+    backend: Backend,
+) -> None:
+    bb, worker, task, job, started = await start_endless_job(backend, shutdown_grace_s=0.2)
     worker.shutdown()
     await asyncio.wait_for(task, 20)
     back = await bb.get(job.task_id)
@@ -351,18 +360,8 @@ async def test_shutdown_after_grace_hands_jobs_back_without_burning_an_attempt(
 
 
 async def test_second_shutdown_hands_back_at_once(backend: Backend) -> None:
-    bb = make_app(backend, shutdown_grace_s=60)
-    started = asyncio.Event()
-
-    @bb.task
-    async def endless(ctx: JobContext) -> None:
-        started.set()
-        await asyncio.sleep(60)
-
-    worker = bb.worker()
-    task = asyncio.create_task(worker.run())
-    job = await bb.enqueue("endless")
-    await asyncio.wait_for(started.wait(), 20)
+    _, worker, task, job, _ = await start_endless_job(backend, shutdown_grace_s=60)
+    bb = worker.app
     worker.shutdown()
     worker.shutdown()
     await asyncio.wait_for(task, 5)
