@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -19,6 +18,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .hooks import HookChain, Hooks
+from .jsoncodec import round_trip
 from .models import Event, Job, JobStatus
 from .settings import Settings
 from .tasks import Handler, TaskDefinition
@@ -39,12 +39,20 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_duration(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+
+
 def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
     if value is None:
         if not allow_none:
             raise InvalidInputError(f"{name} is required")
         return
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+    if not _is_duration(value):
         raise InvalidInputError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
@@ -55,11 +63,7 @@ def _json_object(name: str, value: Any) -> dict[str, Any]:
         raise InvalidInputError(
             f"{name} must be a JSON object (a dict), got {type(value).__name__}"
         )
-    try:
-        # The round trip stores exactly what a reader will get back (tuples become lists...).
-        copied: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{name} is not JSON-serialisable: {exc}") from None
+    copied: dict[str, Any] = round_trip(value, name)
     return copied
 
 
@@ -94,6 +98,7 @@ class Backburner:
         )
         self.tasks: dict[str, TaskDefinition] = {}
         self._workers: set[Worker] = set()
+        """Workers running in this process, told directly about cancellations."""
         self._connected = False
         self._connect_lock: asyncio.Lock | None = None
 
@@ -138,10 +143,10 @@ class Backburner:
 
         def decorator(fn: H) -> H:
             task_name = name if isinstance(name, str) else fn.__name__
-            if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+            if max_attempts is not None and not _is_count(max_attempts):
                 raise ConfigurationError("max_attempts must be an integer >= 1")
             for label, value in (("timeout", timeout), ("deadline", deadline), ("ttl", ttl)):
-                if value is not None and (not _is_number(value) or value <= 0):
+                if value is not None and not _is_duration(value):
                     raise ConfigurationError(f"{label} must be a positive number of seconds")
             self._check_priority(priority, ConfigurationError)
             definition = TaskDefinition(
@@ -230,9 +235,7 @@ class Backburner:
         priority = self._check_priority(definition.priority if priority is None else priority)
         ttl_s = ttl if ttl is not None else (definition.ttl_s or self.settings.default_ttl_s)
         _positive("ttl", ttl_s, allow_none=False)
-        if max_attempts is not None and (
-            not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
-        ):
+        if max_attempts is not None and not _is_count(max_attempts):
             raise InvalidInputError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         attempts = max_attempts or definition.max_attempts or self.settings.default_max_attempts
         timeout_s = timeout if timeout is not None else definition.timeout_s
@@ -306,8 +309,16 @@ class Backburner:
         return job
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        """The job's events with seq > ``after``, oldest first. JobNotFoundError if no job."""
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise InvalidInputError("after must be an integer >= 0")
+        if not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidInputError("limit must be within 1..10000")
         await self.connect()
-        return await self.backend.events(task_id, after=after, limit=limit)
+        events = await self.backend.events(task_id, after=after, limit=limit)
+        if not events and await self.backend.get(task_id) is None:
+            raise JobNotFoundError(task_id)
+        return events
 
     async def list(
         self,
@@ -363,12 +374,12 @@ class Backburner:
     async def replay(self, task_id: str, *, max_attempts: int | None = None) -> Job:
         """Re-queue a dead-lettered (failed) job with a fresh attempt budget; keeps history."""
         await self.connect()
+        if max_attempts is not None and not _is_count(max_attempts):
+            raise InvalidInputError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         job = await self.get(task_id)
         definition = self.tasks.get(job.type)
         budget = max_attempts or (definition.max_attempts if definition else None)
         budget = budget or self.settings.default_max_attempts
-        if not isinstance(budget, int) or budget < 1:
-            raise InvalidInputError("max_attempts must be an integer >= 1")
         return await self.backend.replay(task_id, now=self.clock.now(), extra_attempts=budget)
 
     async def delete(self, task_id: str) -> None:
@@ -383,6 +394,13 @@ class Backburner:
         return await sweep_once(self)
 
     # -- workers -----------------------------------------------------------------------------
+
+    def attach_worker(self, worker: Worker) -> None:
+        """Called by a worker of this app when it starts (so cancel() can reach it at once)."""
+        self._workers.add(worker)
+
+    def detach_worker(self, worker: Worker) -> None:
+        self._workers.discard(worker)
 
     def worker(self, *, concurrency: int | None = None, worker_id: str | None = None) -> Worker:
         from .worker.runner import Worker

@@ -23,6 +23,11 @@ def current_job() -> JobContext:
     return _current.get()
 
 
+def activate(ctx: JobContext) -> None:
+    """Make ``ctx`` the current job of this asyncio task (the worker calls it)."""
+    _current.set(ctx)
+
+
 class JobContext:
     """Handed to every handler as its first argument. Writes are fenced by the attempt."""
 
@@ -53,6 +58,8 @@ class JobContext:
             raise InvalidInputError("progress percent must be a number")
         if not math.isfinite(percent) or not 0 <= percent <= 100:
             raise InvalidInputError(f"progress percent must be within 0..100, got {percent}")
+        if message is not None and not isinstance(message, str):
+            raise InvalidInputError("progress message must be a string (or None)")
         progress = Progress(percent=float(percent), message=message)
         return await self._backend.append_event(
             self.job_id,
@@ -78,6 +85,9 @@ class JobContext:
 
     def add_usage(self, *, input_tokens: int = 0, output_tokens: int = 0, **extra: Any) -> None:
         """Accumulate token usage; stored in the job's ``usage`` when it completes."""
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
         self.usage["input_tokens"] = self.usage.get("input_tokens", 0) + input_tokens
         self.usage["output_tokens"] = self.usage.get("output_tokens", 0) + output_tokens
         self.usage.update(extra)

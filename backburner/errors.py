@@ -91,8 +91,8 @@ class Retry(TaskError):  # noqa: N818 - a verb reads better at the raise site
     """Retry the job; wait ``after`` seconds first if given (e.g. from Retry-After)."""
 
     def __init__(self, message: str = "retry requested", *, after: float | None = None) -> None:
-        if after is not None and after < 0:
-            raise ValueError("Retry(after=...) must be >= 0")
+        if after is not None and not (0 <= after < float("inf")):  # also refuses NaN
+            raise ValueError(f"Retry(after=...) must be a finite number >= 0, got {after!r}")
         super().__init__(message)
         self.after = after
 

@@ -47,6 +47,10 @@ class Settings:
     retry_cap_s: float = 300.0
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not _fits(str(f.type), value):
+                raise ConfigurationError(f"{f.name} must be {f.type}, got {value!r}")
         positive = (
             "concurrency",
             "lease_s",
@@ -90,6 +94,18 @@ class Settings:
             values[f.name] = _parse(f.name, str(f.type), raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def _fits(type_name: str, value: object) -> bool:
+    if value is None:
+        return "None" in type_name
+    if isinstance(value, bool):
+        return False
+    if type_name.startswith("int"):
+        return isinstance(value, int)
+    if type_name.startswith("float"):
+        return isinstance(value, int | float) and value == value  # NaN is no setting
+    return isinstance(value, str)
 
 
 def _parse(name: str, type_name: str, raw: str) -> Any:

@@ -54,6 +54,8 @@ def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
             poll_ms = float(options.get("poll_interval_ms", "2"))
         except ValueError:
             raise ConfigurationError("poll_interval_ms must be a number") from None
+        if not 0.1 <= poll_ms <= 10_000:  # also refuses NaN
+            raise ConfigurationError("poll_interval_ms must be within 0.1 .. 10000")
         return SQLiteBackend(
             path,
             max_queue_size=max_queue_size,

@@ -1,7 +1,8 @@
 """The storage contract every backend implements, and the values that cross it.
 
 A backend performs atomic storage transitions and nothing else: retry delays, attempt budgets,
-deadlines and hooks are decided by the engine (``backburner.engine``) that wraps it. Every
+deadlines and hooks are decided above it (``Backburner`` in app.py, the worker's retry policy
+and sweeper), in one place for every backend. Every
 backend passes the conformance suite in ``tests/conformance``.
 
 Times are Unix seconds passed in by the caller (``now``), never read inside a backend, so a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -156,22 +158,33 @@ class Backend(Protocol):
         """The job's events with seq > after, in seq order. A pure read."""
         ...
 
-    async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        now: float,
+        lease_s: float,
+        types: Sequence[str] | None = None,
+    ) -> list[Job]:
         """Atomically move up to ``limit`` due queued jobs to ``processing`` for this worker.
 
-        Highest priority first, FIFO (by run_at, then enqueue order) within a priority. Each
-        claimed job gets attempts+1, fence+1, a lease until now+lease_s, a history record and
-        a status event. Two claimers never get the same job.
+        Only jobs whose type is in ``types`` (None: any type). Highest priority first, FIFO (by
+        run_at, then enqueue order) within a priority. Each claimed job gets attempts+1,
+        fence+1, a lease until now+lease_s, a history record and a status event. Two claimers
+        never get the same job.
         """
         ...
 
     async def heartbeat(
-        self, worker_id: str, *, now: float, lease_s: float, running: int
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
     ) -> dict[str, int]:
-        """Extend the lease of every job this worker holds to now+lease_s; record the worker.
+        """Extend to now+lease_s the leases of the attempts in ``held`` ({task_id: fence}).
 
-        Returns {task_id: fence} of the jobs it still holds, so the worker can stop the ones
-        it lost. Atomic; repeating it is harmless.
+        Only those still processing under that fence for this worker are renewed — a job the
+        worker holds but no longer runs is left to expire. Records the worker as alive with
+        len(held) running. Returns the {task_id: fence} renewed, so the worker can stop the
+        attempts it lost. Atomic; repeating it is harmless.
         """
         ...
 
@@ -229,7 +242,8 @@ class Backend(Protocol):
     async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
         """Re-queue a failed job with ``extra_attempts`` more attempts, keeping its history.
 
-        The only way out of a terminal state. InvalidTransitionError unless failed;
+        The only way out of a terminal state; a deadline restarts from ``now`` with the same
+        length. InvalidTransitionError unless failed;
         JobNotFoundError if missing. Atomic.
         """
         ...
@@ -249,8 +263,10 @@ class Backend(Protocol):
         """Delete up to ``limit`` terminal jobs whose expires_at <= now, with their events."""
         ...
 
-    async def wait_for_jobs(self, *, now: float, timeout: float) -> None:
-        """Return when a job may have become claimable, or after ``timeout`` seconds.
+    async def wait_for_jobs(
+        self, *, now: float, timeout: float, types: Sequence[str] | None = None
+    ) -> None:
+        """Return when a job (of ``types``) may have become claimable, or after ``timeout``.
 
         Returns at once if a queued job is due at ``now``; waits at most until the earliest
         delayed job is due.

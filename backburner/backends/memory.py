@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -24,16 +24,14 @@ from ..errors import (
     LeaseLostError,
     QueueFullError,
 )
+from ..jsoncodec import check_usage, round_trip
 from ..models import AttemptRecord, ErrorInfo, Event, Job, JobStatus, Progress, Usage
 from .base import Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats, WorkerInfo
 
 
 def _json_copy(value: Any) -> Any:
     """Store what SQLite would: a JSON round trip, refusing what JSON cannot hold."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"not JSON-serialisable: {exc}") from None
+    return round_trip(value, "data")
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -187,17 +185,27 @@ class MemoryBackend:
         stored = self._jobs.get(task_id)
         if stored is None:
             return []
-        return [_copy(e) for e in stored.events if e.seq > after][:limit]
+        return [_copy(e) for e in stored.events if e.seq > after][: max(limit, 0)]
 
     # -- workers -----------------------------------------------------------------------------
 
-    async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        now: float,
+        lease_s: float,
+        types: Sequence[str] | None = None,
+    ) -> list[Job]:
         if limit <= 0:
             return []
         due = [
             (-s.job.priority, s.job.run_at, s.seq, s)
             for s in self._jobs.values()
-            if s.job.status == JobStatus.QUEUED and s.job.run_at <= now
+            if s.job.status == JobStatus.QUEUED
+            and s.job.run_at <= now
+            and (types is None or s.job.type in types)
         ]
         claimed: list[Job] = []
         for *_, stored in heapq.nsmallest(limit, due, key=lambda item: item[:3]):
@@ -223,22 +231,25 @@ class MemoryBackend:
         return claimed
 
     async def heartbeat(
-        self, worker_id: str, *, now: float, lease_s: float, running: int
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
     ) -> dict[str, int]:
-        held: dict[str, int] = {}
-        for stored in self._jobs.values():
+        renewed: dict[str, int] = {}
+        for task_id, fence in held.items():
+            stored = self._jobs.get(task_id)
+            if stored is None:
+                continue
             job = stored.job
-            if job.status == JobStatus.PROCESSING and job.worker_id == worker_id:
+            if (job.status, job.fence, job.worker_id) == (JobStatus.PROCESSING, fence, worker_id):
                 self._update(stored, lease_expires_at=now + lease_s)
-                held[job.task_id] = job.fence
+                renewed[task_id] = fence
         previous = self._workers.get(worker_id)
         self._workers[worker_id] = WorkerInfo(
             worker_id=worker_id,
             last_seen=now,
-            running=running,
+            running=len(held),
             started_at=previous.started_at if previous else now,
         )
-        return held
+        return renewed
 
     async def append_event(
         self,
@@ -271,7 +282,7 @@ class MemoryBackend:
             raise LeaseLostError(task_id, fence)
         if isinstance(outcome, Complete):
             result = _json_copy(outcome.result)
-            usage = _json_copy(outcome.usage)
+            usage = check_usage(outcome.usage)
             self._update(
                 stored,
                 status=JobStatus.COMPLETED,
@@ -373,6 +384,7 @@ class MemoryBackend:
             status=JobStatus.QUEUED,
             max_attempts=job.attempts + extra_attempts,
             run_at=now,
+            deadline_at=None if job.deadline_at is None else now + job.deadline_at - job.created_at,
             finished_at=None,
             expires_at=None,
             error=None,
@@ -423,8 +435,14 @@ class MemoryBackend:
             self._remove(stored)
         return len(doomed)
 
-    async def wait_for_jobs(self, *, now: float, timeout: float) -> None:
-        queued = [s.job.run_at for s in self._jobs.values() if s.job.status == JobStatus.QUEUED]
+    async def wait_for_jobs(
+        self, *, now: float, timeout: float, types: Sequence[str] | None = None
+    ) -> None:
+        queued = [
+            s.job.run_at
+            for s in self._jobs.values()
+            if s.job.status == JobStatus.QUEUED and (types is None or s.job.type in types)
+        ]
         next_due = min(queued, default=None)
         if next_due is not None and next_due <= now:
             return

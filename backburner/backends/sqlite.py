@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sqlite3
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ..errors import (
@@ -24,10 +25,9 @@ from ..errors import (
     LeaseLostError,
     QueueFullError,
 )
+from ..jsoncodec import encode
 from ..models import ErrorInfo, Event, Job, JobStatus, Progress
 from .base import (
-    Complete,
-    Fail,
     NewJob,
     Outcome,
     Page,
@@ -37,6 +37,7 @@ from .base import (
     WorkerInfo,
 )
 from .sqlite_executor import SQLiteExecutor
+from .sqlite_outcomes import EncodedJSON, outcome_update
 from .sqlite_schema import (
     ATTEMPTS,
     COLUMNS,
@@ -56,24 +57,17 @@ _TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _dumps(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"not JSON-serialisable: {exc}") from None
+    return encode(value, "data")
 
 
 def _error_json(error: ErrorInfo) -> str:
     return _dumps(error.model_dump())
 
 
-class _Encoded(str):
-    """Event data already encoded as JSON (saves encoding a large result twice)."""
-
-
 def _insert_event(
     conn: sqlite3.Connection, task_id: str, seq: int, type: str, data: Any, at: float
 ) -> None:
-    encoded = data if isinstance(data, _Encoded) else _dumps(data)
+    encoded = data if isinstance(data, EncodedJSON) else _dumps(data)
     conn.execute(
         "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, ?, ?, ?)",
         (task_id, seq, type, encoded, at),
@@ -236,24 +230,40 @@ class SQLiteBackend:
 
     # -- workers -----------------------------------------------------------------------------
 
-    async def claim(self, worker_id: str, *, limit: int, now: float, lease_s: float) -> list[Job]:
-        if limit <= 0:
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        now: float,
+        lease_s: float,
+        types: Sequence[str] | None = None,
+    ) -> list[Job]:
+        if limit <= 0 or (types is not None and not types):
             return []
         worker = f'"worker_id":{_dumps(worker_id)}'
+        of_types = "" if types is None else " AND type IN (SELECT value FROM json_each(:types))"
+        sql = (
+            "UPDATE jobs SET status = 'processing', attempts = attempts + 1,"
+            " fence = fence + 1, worker_id = :worker, lease_expires_at = :lease,"
+            " started_at = :now, event_seq = event_seq + 1,"
+            " history = json_insert(history, '$[#]', json_object('attempt', attempts + 1,"
+            " 'worker_id', :worker, 'started_at', :now))"
+            " WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_queue"
+            f" WHERE status = 'queued' AND run_at <= :now{of_types}"
+            " ORDER BY priority DESC, run_at, seq LIMIT :limit)"
+            f" RETURNING {COLUMNS}"
+        )
+        params = {
+            "worker": worker_id,
+            "lease": now + lease_s,
+            "now": now,
+            "limit": limit,
+            "types": None if types is None else _dumps(list(types)),
+        }
 
         def op(conn: sqlite3.Connection) -> list[Job]:
-            rows = conn.execute(
-                "UPDATE jobs SET status = 'processing', attempts = attempts + 1,"
-                " fence = fence + 1, worker_id = :worker, lease_expires_at = :lease,"
-                " started_at = :now, event_seq = event_seq + 1,"
-                " history = json_insert(history, '$[#]', json_object('attempt', attempts + 1,"
-                " 'worker_id', :worker, 'started_at', :now))"
-                " WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_queue"
-                " WHERE status = 'queued' AND run_at <= :now"
-                " ORDER BY priority DESC, run_at, seq LIMIT :limit)"
-                f" RETURNING {COLUMNS}",
-                {"worker": worker_id, "lease": now + lease_s, "now": now, "limit": limit},
-            ).fetchall()
+            rows = conn.execute(sql, params).fetchall()
             rows.sort(key=lambda r: (-r[PRIORITY], r[RUN_AT], r[SEQ]))
             conn.executemany(
                 "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, 'status', ?, ?)",
@@ -272,21 +282,25 @@ class SQLiteBackend:
         return await self._executor.run(op)
 
     async def heartbeat(
-        self, worker_id: str, *, now: float, lease_s: float, running: int
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
     ) -> dict[str, int]:
+        encoded = _dumps(dict(held))
+
         def op(conn: sqlite3.Connection) -> dict[str, int]:
-            held = conn.execute(
-                "UPDATE jobs INDEXED BY jobs_worker SET lease_expires_at = ? WHERE worker_id = ?"
-                " AND status = 'processing' RETURNING task_id, fence",
-                (now + lease_s, worker_id),
+            renewed = conn.execute(
+                "UPDATE jobs SET lease_expires_at = :lease FROM json_each(:held) AS h"
+                " WHERE jobs.task_id = h.key AND jobs.fence = h.value"
+                " AND jobs.status = 'processing' AND jobs.worker_id = :worker"
+                " RETURNING jobs.task_id, jobs.fence",
+                {"lease": now + lease_s, "held": encoded, "worker": worker_id},
             ).fetchall()
             conn.execute(
                 "INSERT INTO workers (worker_id, started_at, last_seen, running)"
                 " VALUES (?, ?, ?, ?) ON CONFLICT (worker_id)"
                 " DO UPDATE SET last_seen = excluded.last_seen, running = excluded.running",
-                (worker_id, now, now, running),
+                (worker_id, now, now, len(held)),
             )
-            return dict(held)
+            return dict(renewed)
 
         return await self._executor.run(op)
 
@@ -342,60 +356,13 @@ class SQLiteBackend:
         guard = "task_id = :task_id AND fence = :fence AND status = 'processing'"
         if only_if_lease_expired:
             guard += " AND lease_expires_at <= :now"
-        params: dict[str, Any] = {"task_id": task_id, "fence": fence, "now": now}
-        close_history = (
-            "history = json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', :outcome"
-        )
-        events: list[tuple[str, Any]]
-        if isinstance(outcome, Complete):
-            try:
-                result = _dumps(outcome.result)
-                usage = None if outcome.usage is None else _dumps(outcome.usage)
-            except InvalidInputError as exc:
-                await self._raise_unless_held(task_id, fence, exc)
-            params.update(outcome="completed", result=result, usage=usage)
-            sets = (
-                "status = 'completed', result = :result, usage = COALESCE(:usage, usage),"
-                " error = NULL, finished_at = :now, expires_at = :now + ttl_s,"
-                " lease_expires_at = NULL, progress_percent = 100, event_seq = event_seq + 1,"
-                f" {close_history})"
-            )
-            events = [("status", _Encoded(f'{{"status":"completed","result":{result}}}'))]
-        elif isinstance(outcome, Fail):
-            error = outcome.error.model_dump()
-            params.update(outcome="failed", error=_dumps(error), fail_ttl=outcome.ttl_s)
-            sets = (
-                "status = 'failed', error = :error, finished_at = :now,"
-                " expires_at = :now + :fail_ttl, lease_expires_at = NULL,"
-                " event_seq = event_seq + 2,"
-                f" {close_history}, '$[#-1].error', json(:error))"
-            )
-            events = [
-                ("attempt_failed", {"error": error}),
-                ("status", {"status": "failed", "error": error}),
-            ]
-        elif isinstance(outcome, RetryAt):
-            error = outcome.error.model_dump()
-            params.update(outcome="retry", error=_dumps(error), run_at=outcome.run_at)
-            sets = (
-                "status = 'queued', error = :error, run_at = :run_at, worker_id = NULL,"
-                " lease_expires_at = NULL, event_seq = event_seq + 2,"
-                f" {close_history}, '$[#-1].error', json(:error))"
-            )
-            events = [
-                ("attempt_failed", {"error": error, "retry_at": outcome.run_at}),
-                ("status", {"status": "queued"}),
-            ]
-        elif isinstance(outcome, Release):
-            params.update(outcome="released")
-            sets = (
-                "status = 'queued', attempts = attempts - 1, run_at = :now, worker_id = NULL,"
-                f" lease_expires_at = NULL, event_seq = event_seq + 1, {close_history})"
-            )
-            events = [("status", {"status": "queued", "released": outcome.reason})]
-        else:  # pragma: no cover - Outcome is a closed union
-            raise TypeError(f"unknown outcome {outcome!r}")
-        sql = f"UPDATE jobs SET {sets} WHERE {guard} RETURNING {COLUMNS}"
+        try:
+            update = outcome_update(outcome)
+        except InvalidInputError as exc:
+            await self._raise_unless_held(task_id, fence, exc)
+        params = {**update.params, "task_id": task_id, "fence": fence, "now": now}
+        events = update.events
+        sql = f"UPDATE jobs SET {update.sets} WHERE {guard} RETURNING {COLUMNS}"
 
         def op(conn: sqlite3.Connection) -> Job:
             row = conn.execute(sql, params).fetchone()
@@ -483,6 +450,7 @@ class SQLiteBackend:
             row = conn.execute(
                 "UPDATE jobs SET status = 'queued', max_attempts = attempts + :extra,"
                 " run_at = :now, finished_at = NULL, expires_at = NULL, error = NULL,"
+                " deadline_at = :now + (deadline_at - created_at),"
                 " worker_id = NULL, event_seq = event_seq + 1 WHERE task_id = :task_id"
                 f" RETURNING {COLUMNS}",
                 {"extra": extra_attempts, "now": now, "task_id": task_id},
@@ -507,6 +475,7 @@ class SQLiteBackend:
                 )
             conn.execute("DELETE FROM jobs WHERE task_id = ?", (task_id,))
             conn.execute("DELETE FROM events WHERE task_id = ?", (task_id,))
+            conn.execute("DELETE FROM cancel_signals WHERE task_id = ?", (task_id,))
             return True
 
         return await self._executor.run(op)
@@ -531,27 +500,38 @@ class SQLiteBackend:
             ).fetchall()
             conn.executemany("DELETE FROM jobs WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM events WHERE task_id = ?", ids)
+            conn.executemany("DELETE FROM cancel_signals WHERE task_id = ?", ids)
             # A signal for a worker that died before reading it would otherwise stay forever.
             conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))
             return len(ids)
 
         return await self._executor.run(op)
 
-    async def wait_for_jobs(self, *, now: float, timeout: float) -> None:
-        changed = self._executor.watch()
-        try:
-            next_due = await self._executor.run(
-                lambda conn: conn.execute(
-                    "SELECT min(run_at) FROM jobs INDEXED BY jobs_due WHERE status = 'queued'"
-                ).fetchone()[0],
-                write=False,
-            )
-            if next_due is not None and next_due <= now:
-                return
-            wait = timeout if next_due is None else min(timeout, next_due - now)
-            await asyncio.wait({changed}, timeout=wait)
-        finally:
-            self._executor.unwatch(changed)
+    async def wait_for_jobs(
+        self, *, now: float, timeout: float, types: Sequence[str] | None = None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        of_types = "" if types is None else " AND type IN (SELECT value FROM json_each(?))"
+        sql = f"SELECT min(run_at) FROM jobs INDEXED BY jobs_due WHERE status = 'queued'{of_types}"
+        params = () if types is None else (_dumps(list(types)),)
+        # Another process's commit wakes us, but most commits (events, heartbeats) add no
+        # work: look with a cheap read before the caller tries a claim, which writes.
+        while True:
+            changed = self._executor.watch()
+            try:
+                next_due = await self._executor.run(
+                    lambda conn: conn.execute(sql, params).fetchone()[0], write=False
+                )
+                elapsed = loop.time() - started
+                if (next_due is not None and next_due <= now + elapsed) or elapsed >= timeout:
+                    return
+                wait = timeout - elapsed
+                if next_due is not None:
+                    wait = min(wait, next_due - now - elapsed)
+                await asyncio.wait({changed}, timeout=wait)
+            finally:
+                self._executor.unwatch(changed)
 
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         def op(conn: sqlite3.Connection) -> Stats:

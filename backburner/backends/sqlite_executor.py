@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import BackburnerError, BackendError
+from ..errors import BackburnerError, BackendError, ConfigurationError
 
 T = TypeVar("T")
 
@@ -79,6 +79,8 @@ class SQLiteExecutor:
         poll_interval_s: float = 0.002,
         max_batch: int = 1024,
     ) -> None:
+        if not (0.0001 <= poll_interval_s <= 10):  # also refuses NaN
+            raise ConfigurationError("the SQLite poll interval must be within 0.1 ms .. 10 s")
         self._path = path
         self._init = init
         self._busy_timeout_s = busy_timeout_s
@@ -153,7 +155,7 @@ class SQLiteExecutor:
         self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, wakes: bool = False
     ) -> T:
         """Run ``fn(connection)`` on the thread; ``wakes`` marks a change claimers care about."""
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():
             raise BackendError("sqlite backend is not connected (call connect() first)")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.put(_Op(fn, future, write, wakes))
@@ -241,9 +243,19 @@ class SQLiteExecutor:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            if ops:
-                self._run_batch(conn, ops)
-            self._check_foreign_commits(conn)
+            try:
+                if ops:
+                    self._run_batch(conn, ops)
+                self._check_foreign_commits(conn)
+            except Exception as exc:  # never let the thread die: every caller would hang
+                log.exception("sqlite writer: unexpected error")
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                error = BackendError(f"sqlite: {exc}")
+                self._deliver([(op.future, None, error) for op in ops if not op.future.done()])
             if stop:
                 return
 

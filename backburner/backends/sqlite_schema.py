@@ -161,6 +161,8 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
         conn.execute("PRAGMA temp_store=MEMORY")
         # Checkpoints (and their fsync) run on a thread of their own, not on the writer's path.
         conn.execute("PRAGMA wal_autocheckpoint=0")
+        # The writer resets the WAL after a checkpoint; this truncates it then.
+        conn.execute("PRAGMA journal_size_limit=67108864")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
             raise BackendError(

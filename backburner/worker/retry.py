@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 
@@ -39,6 +40,9 @@ class RetryPolicy:
         if isinstance(exc, TimeoutError):
             message = str(exc) or "the attempt timed out"
             return ErrorInfo(type="timeout", message=message, retryable=True), None
+        if isinstance(exc, asyncio.CancelledError):  # raised by the handler: interrupted
+            message = str(exc) or "the handler raised CancelledError"
+            return ErrorInfo(type="CancelledError", message=message, retryable=True), None
         retryable = True
         if task is not None:
             retryable = isinstance(exc, task.retry_on) and not isinstance(exc, task.permanent_on)

@@ -160,7 +160,7 @@ async def test_a_heartbeat_takes_a_job_off_the_expired_list(backend: Backend) ->
     job = await drive(backend, JobStatus.PROCESSING)  # lease until T0 + 1 + LEASE
     late = T0 + 1 + LEASE + 10
     assert [j.task_id for j in await backend.expired_leases(now=late, limit=5)] == [job.task_id]
-    await backend.heartbeat("w1", now=late, lease_s=LEASE, running=1)
+    await backend.heartbeat("w1", {job.task_id: job.fence}, now=late, lease_s=LEASE)
     assert await backend.expired_leases(now=late, limit=5) == []
     assert len(await backend.expired_leases(now=late + LEASE + 1, limit=5)) == 1
 

@@ -38,7 +38,7 @@ async def test_terminal_states_are_final(backend: Backend, status: JobStatus) ->
     assert changed is False
     assert same.model_dump() == before[0]
     # Heartbeats do not revive it; it is not an expired lease.
-    assert await backend.heartbeat("w1", now=T0 + 10, lease_s=LEASE, running=0) == {}
+    assert await backend.heartbeat("w1", {job.task_id: job.fence}, now=T0 + 10, lease_s=LEASE) == {}
     assert await backend.expired_leases(now=T0 + 1e6, limit=10) == []
     assert await snapshot(backend, job.task_id) == before
 
@@ -96,10 +96,9 @@ async def test_cancel_a_processing_job(backend: Backend) -> None:
         await backend.finish(job.task_id, job.fence, Complete(result=1), now=T0 + 10)
     with pytest.raises(LeaseLostError):
         await backend.append_event(job.task_id, job.fence, "log", "x", now=T0 + 10)
-    assert await backend.heartbeat("w1", now=T0 + 10, lease_s=LEASE, running=1) == {}
-    assert await backend.heartbeat("w2", now=T0 + 10, lease_s=LEASE, running=1) == {
-        other.task_id: other.fence
-    }
+    assert await backend.heartbeat("w1", {job.task_id: job.fence}, now=T0 + 10, lease_s=LEASE) == {}
+    held = {other.task_id: other.fence}
+    assert await backend.heartbeat("w2", held, now=T0 + 10, lease_s=LEASE) == held
 
 
 async def test_signals_collect_per_worker(backend: Backend) -> None:

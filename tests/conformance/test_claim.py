@@ -134,7 +134,8 @@ async def test_heartbeat_extends_only_this_workers_leases(backend: Backend) -> N
     b = await drive(backend, JobStatus.PROCESSING, worker="w1")
     c = await drive(backend, JobStatus.PROCESSING, worker="w2")
     queued = await enqueue(backend)
-    held = await backend.heartbeat("w1", now=T0 + 20, lease_s=60.0, running=2)
+    asked = {a.task_id: a.fence, b.task_id: b.fence, c.task_id: c.fence, queued.task_id: 0}
+    held = await backend.heartbeat("w1", asked, now=T0 + 20, lease_s=60.0)
     assert held == {a.task_id: a.fence, b.task_id: b.fence}
     for task_id in (a.task_id, b.task_id):
         stored = await backend.get(task_id)
@@ -147,8 +148,8 @@ async def test_heartbeat_extends_only_this_workers_leases(backend: Backend) -> N
 
 async def test_heartbeat_writes_no_events_and_is_repeatable(backend: Backend) -> None:
     job = await drive(backend, JobStatus.PROCESSING)
-    first = await backend.heartbeat("w1", now=T0 + 5, lease_s=LEASE, running=1)
-    second = await backend.heartbeat("w1", now=T0 + 5, lease_s=LEASE, running=1)
+    first = await backend.heartbeat("w1", {job.task_id: 1}, now=T0 + 5, lease_s=LEASE)
+    second = await backend.heartbeat("w1", {job.task_id: 1}, now=T0 + 5, lease_s=LEASE)
     assert first == second == {job.task_id: 1}
     stored = await backend.get(job.task_id)
     assert stored is not None and stored.lease_expires_at == T0 + 5 + LEASE
@@ -162,7 +163,8 @@ async def test_heartbeat_omits_jobs_the_worker_no_longer_holds(backend: Backend)
     kept = await drive(backend, JobStatus.PROCESSING)
     await backend.finish(done.task_id, done.fence, Complete(result=1), now=T0 + 3)
     await backend.cancel(cancelled.task_id, now=T0 + 3)
-    held = await backend.heartbeat("w1", now=T0 + 4, lease_s=LEASE, running=1)
+    asked = {j.task_id: j.fence for j in (done, cancelled, kept)}
+    held = await backend.heartbeat("w1", asked, now=T0 + 4, lease_s=LEASE)
     assert held == {kept.task_id: kept.fence}
     finished = await backend.get(done.task_id)
     assert finished is not None and finished.lease_expires_at is None
@@ -170,9 +172,10 @@ async def test_heartbeat_omits_jobs_the_worker_no_longer_holds(backend: Backend)
 
 async def test_heartbeat_records_the_worker_in_stats(backend: Backend) -> None:
     assert (await backend.stats(now=T0)).workers == []
-    assert await backend.heartbeat("w1", now=T0, lease_s=LEASE, running=0) == {}
-    await backend.heartbeat("w2", now=T0 + 5, lease_s=LEASE, running=3)
-    await backend.heartbeat("w1", now=T0 + 10, lease_s=LEASE, running=2)
+    assert await backend.heartbeat("w1", {}, now=T0, lease_s=LEASE) == {}
+    three = {"task_gone1": 1, "task_gone2": 1, "task_gone3": 1}  # running = how many it asks for
+    assert await backend.heartbeat("w2", three, now=T0 + 5, lease_s=LEASE) == {}
+    await backend.heartbeat("w1", {"task_gone1": 1, "task_gone2": 2}, now=T0 + 10, lease_s=LEASE)
     workers = (await backend.stats(now=T0 + 10, worker_window_s=60.0)).workers
     assert workers == [
         WorkerInfo(worker_id="w1", last_seen=T0 + 10, running=2, started_at=T0),
@@ -191,6 +194,35 @@ async def test_worker_ids_are_stored_verbatim(backend: Backend) -> None:
     assert claimed.worker_id == worker and claimed.history[0].worker_id == worker
     events = await backend.events(job.task_id)
     assert events[-1].data == {"status": "processing", "attempt": 1, "worker_id": worker}
-    assert await backend.heartbeat(worker, now=T0 + 1, lease_s=LEASE, running=1) == {job.task_id: 1}
+    renewed = await backend.heartbeat(worker, {job.task_id: 1}, now=T0 + 1, lease_s=LEASE)
+    assert renewed == {job.task_id: 1}
     await backend.cancel(job.task_id, now=T0 + 2)
     assert await backend.poll_cancellations(worker) == {job.task_id: 1}
+
+
+async def test_heartbeat_renews_only_the_attempts_it_names(backend: Backend) -> None:
+    named = await drive(backend, JobStatus.PROCESSING, worker="w1")
+    forgotten = await drive(backend, JobStatus.PROCESSING, worker="w1")
+    stale = {named.task_id: named.fence + 1}  # a fence this attempt never had
+    assert await backend.heartbeat("w1", stale, now=T0 + 20, lease_s=LEASE) == {}
+    held = {named.task_id: named.fence}
+    assert await backend.heartbeat("w1", held, now=T0 + 20, lease_s=LEASE) == held
+    renewed = await backend.get(named.task_id)
+    left = await backend.get(forgotten.task_id)
+    assert renewed is not None and renewed.lease_expires_at == T0 + 20 + LEASE
+    # A job the worker holds but no longer runs is left to expire.
+    assert left is not None and left.lease_expires_at == forgotten.lease_expires_at
+    expired = await backend.expired_leases(now=T0 + 2 + LEASE, limit=5)
+    assert [j.task_id for j in expired] == [forgotten.task_id]
+
+
+async def test_claim_takes_only_the_named_types(backend: Backend) -> None:
+    other = await enqueue(backend, "other", priority=50)
+    mine = await enqueue(backend, "mine")
+    assert await backend.claim("w1", limit=5, now=T0, lease_s=LEASE, types=[]) == []
+    claimed = await backend.claim("w1", limit=5, now=T0, lease_s=LEASE, types=["mine", "x"])
+    assert [j.task_id for j in claimed] == [mine.task_id]
+    stored = await backend.get(other.task_id)
+    assert stored is not None and stored.status == JobStatus.QUEUED
+    anything = await backend.claim("w1", limit=5, now=T0, lease_s=LEASE)
+    assert [j.task_id for j in anything] == [other.task_id]

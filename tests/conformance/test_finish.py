@@ -251,7 +251,9 @@ async def test_only_if_lease_expired_works_after_expiry(backend: Backend) -> Non
 
 async def test_a_heartbeat_protects_the_lease_from_the_sweeper(backend: Backend) -> None:
     job = await drive(backend, JobStatus.PROCESSING)
-    await backend.heartbeat("w1", now=T0 + 25, lease_s=LEASE, running=1)  # until T0 + 55
+    await backend.heartbeat(
+        "w1", {job.task_id: job.fence}, now=T0 + 25, lease_s=LEASE
+    )  # until T0 + 55
     before = await snapshot(backend, job.task_id)
     with pytest.raises(LeaseLostError):
         await backend.finish(

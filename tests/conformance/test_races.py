@@ -89,7 +89,8 @@ async def test_a_stale_owner_loses_to_the_new_one(backend: Backend, connections:
             await backend.finish(job.task_id, job.fence, Complete(result="old"), now=late + 2)
         with pytest.raises(LeaseLostError):
             await backend.append_event(job.task_id, job.fence, "log", "old", now=late + 2)
-        assert await backend.heartbeat("w1", now=late + 2, lease_s=LEASE, running=1) == {}
+        old = {job.task_id: job.fence}
+        assert await backend.heartbeat("w1", old, now=late + 2, lease_s=LEASE) == {}
         assert await backend.get(job.task_id) == before
         done = await sweeper.finish(job.task_id, taken.fence, Complete(result="new"), now=late + 3)
     assert done.result == "new" and done.status == JobStatus.COMPLETED
@@ -167,7 +168,7 @@ async def test_heartbeat_racing_the_sweeper(backend: Backend, beat_first: bool) 
     job = await drive(backend, JobStatus.PROCESSING)
     late = T0 + 1 + LEASE + 1
     async with peer(backend) as sweeper:
-        beat = backend.heartbeat("w1", now=late, lease_s=LEASE, running=1)
+        beat = backend.heartbeat("w1", {job.task_id: job.fence}, now=late, lease_s=LEASE)
         sweep = sweeper.finish(
             job.task_id, job.fence, Fail(error(), ttl_s=TTL), now=late, only_if_lease_expired=True
         )

@@ -143,3 +143,34 @@ async def test_many_waiters_are_all_woken(backend: Backend) -> None:
     tasks = [await _parked(backend) for _ in range(5)]
     await enqueue(backend, now=T0)
     await asyncio.wait_for(asyncio.gather(*tasks), PATIENCE)
+
+
+async def test_due_jobs_of_other_types_do_not_count(backend: Backend) -> None:
+    await enqueue(backend, "other", now=T0)
+    waiting = asyncio.create_task(backend.wait_for_jobs(now=T0, timeout=0.3, types=["mine"]))
+    started = time.monotonic()
+    await asyncio.wait_for(waiting, PATIENCE)
+    assert time.monotonic() - started >= 0.25  # it waited: nothing of its type was due
+    await enqueue(backend, "mine", now=T0)
+    started = time.monotonic()
+    await asyncio.wait_for(backend.wait_for_jobs(now=T0, timeout=LONG, types=["mine"]), PATIENCE)
+    assert time.monotonic() - started < 1.0
+
+
+async def test_commits_that_add_no_work_do_not_end_the_wait(backend: Backend) -> None:
+    """Events and heartbeats from elsewhere must not turn idle workers into busy claimers."""
+    job = await drive(backend, JobStatus.PROCESSING)
+    async with peer(backend) as other:
+        waiting = asyncio.create_task(backend.wait_for_jobs(now=T0, timeout=0.5))
+        for i in range(20):
+            await other.append_event(job.task_id, job.fence, "token", {"i": i}, now=T0)
+            await other.heartbeat("w1", {job.task_id: job.fence}, now=T0, lease_s=60)
+        started = time.monotonic()
+        await asyncio.wait_for(waiting, PATIENCE)
+        assert waiting.done()
+    assert time.monotonic() - started >= 0.0
+    # It ended by its timeout, not by those commits: a fresh wait still waits.
+    again = asyncio.create_task(backend.wait_for_jobs(now=T0, timeout=0.3))
+    begun = time.monotonic()
+    await asyncio.wait_for(again, PATIENCE)
+    assert time.monotonic() - begun >= 0.25

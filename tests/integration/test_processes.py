@@ -166,10 +166,12 @@ async def test_sigterm_past_the_grace_period_hands_the_job_back(
     assert back.history[-1].outcome == "released"
 
 
-async def test_second_sigterm_exits_at_once(bb: Backburner, spawn: Spawn) -> None:
+async def test_second_sigterm_exits_at_once(bb: Backburner, spawn: Spawn, tmp_path: Path) -> None:
     proc, job = await start_running(bb, spawn, {"seconds": 60}, shutdown_grace_s=120)
     proc.send_signal(signal.SIGTERM)
-    await asyncio.sleep(0.2)  # let the first signal be handled on its own (not a sync point)
+    log = tmp_path / "worker-0.log"
+    # Two signals sent back to back may merge into one: send the second once the first is in.
+    await eventually(lambda: "shutting down" in log.read_text(), timeout=30, message="1st")
     proc.send_signal(signal.SIGTERM)
     started = time.monotonic()
     await wait_exit(proc, 30)

@@ -474,19 +474,29 @@ async def test_hooks_see_every_transition(backend: Backend) -> None:
     assert [c for c in calls if c[1] == "idle"] == [("enqueue", "idle"), ("cancel", "idle")]
 
 
-async def test_unknown_task_in_the_worker_fails_clearly(backend: Backend) -> None:
-    producer = make_app(backend)
-    worker_app = make_app(backend)
+async def test_workers_claim_only_the_tasks_they_know(backend: Backend) -> None:
+    gpu = make_app(backend)
+    cpu = make_app(backend)
 
-    @producer.task
-    async def only_in_producer(ctx: JobContext) -> None:
-        return None
+    @gpu.task
+    async def render(ctx: JobContext) -> str:
+        return "rendered"
 
-    async with running_worker(worker_app):
-        job = await producer.enqueue("only_in_producer")
-        done = await producer.wait(job.task_id, timeout=20)
-    assert done.status == JobStatus.FAILED
-    assert done.error is not None and done.error.type == "unknown_task"
+    @cpu.task
+    async def parse(ctx: JobContext) -> str:
+        return "parsed"
+
+    for app in (gpu, cpu):  # each producer may enqueue both
+        app.tasks.update({**gpu.tasks, **cpu.tasks})
+    render_job = await cpu.enqueue("render", priority=10)
+    parse_job = await cpu.enqueue("parse")
+    cpu.tasks.pop("render")
+    async with running_worker(cpu):
+        assert (await cpu.wait(parse_job.task_id, timeout=20)).result == "parsed"
+        assert (await cpu.get(render_job.task_id)).status == JobStatus.QUEUED
+    gpu.tasks.pop("parse")
+    async with running_worker(gpu):
+        assert (await gpu.wait(render_job.task_id, timeout=20)).result == "rendered"
 
 
 async def test_a_result_that_is_not_json_fails_permanently(backend: Backend) -> None:

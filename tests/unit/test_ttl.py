@@ -36,7 +36,9 @@ async def test_finished_jobs_expire_after_their_ttl(backend: Backend, clock: Man
     assert (await bb.sweep()).purged == 1
     with pytest.raises(JobNotFoundError):
         await bb.get(short.task_id)
-    assert await bb.events(short.task_id) == []
+    assert await backend.events(short.task_id) == []
+    with pytest.raises(JobNotFoundError):
+        await bb.events(short.task_id)
     assert (await bb.get(long.task_id)).status == JobStatus.COMPLETED
     # The key is free again once its job is gone.
     again = await bb.enqueue("noop", ttl=60, idempotency_key="k")
@@ -51,9 +53,13 @@ async def test_queued_and_running_jobs_never_expire(backend: Backend, clock: Man
         return None
 
     job = await bb.enqueue("noop", ttl=1, delay=10_000)
+    running = await bb.enqueue("noop", ttl=1)
+    claimed = await backend.claim("w", limit=1, now=clock.now(), lease_s=1e6)
+    assert [j.task_id for j in claimed] == [running.task_id]
     clock.advance(5_000)
     await bb.sweep()
     assert (await bb.get(job.task_id)).status == JobStatus.QUEUED
+    assert (await bb.get(running.task_id)).status == JobStatus.PROCESSING
 
 
 async def test_cancelled_jobs_expire_too(backend: Backend, clock: ManualClock) -> None:

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from backburner import Backburner, JobContext, Settings
+from backburner import Backburner, JobContext, Retry, Settings
 from backburner.backends import Backend
 from backburner.errors import (
     BackendError,
     ConfigurationError,
     IdempotencyConflictError,
     InvalidInputError,
+    JobNotFoundError,
     QueueFullError,
     UnknownTaskError,
 )
@@ -30,6 +31,14 @@ def make_app(backend: Backend) -> Backburner:
     async def summarize(ctx: JobContext, text: str, words: int = 10) -> str:
         return text
 
+    @bb.task
+    async def anything(ctx: JobContext, **options: Any) -> None:
+        return None
+
+    @bb.task
+    async def positional(ctx: JobContext, a: int, /) -> None:
+        return None
+
     return bb
 
 
@@ -40,6 +49,11 @@ BAD_ENQUEUES: list[tuple[str, Any, dict[str, Any], type[Exception], str]] = [
     ("summarize", ["text"], {}, InvalidInputError, "must be a JSON object"),
     ("summarize", {}, {}, InvalidInputError, "missing a required argument: 'text'"),
     ("summarize", {"text": "x", "other": 1}, {}, InvalidInputError, "unexpected keyword"),
+    ("summarize", {"text": "x", "ctx": 1}, {}, InvalidInputError, "multiple values for"),
+    ("anything", {"ctx": 1}, {}, InvalidInputError, "'ctx' cannot be passed by keyword"),
+    ("positional", {"a": 1}, {}, InvalidInputError, "positional"),
+    ("positional", {}, {}, InvalidInputError, "missing a required argument"),
+    ("summarize", {"text": "x"}, {"timeout": math.inf}, InvalidInputError, "timeout must be"),
     ("summarize", {"text": "x"}, {"priority": 101}, InvalidInputError, "-100..100"),
     ("summarize", {"text": "x"}, {"priority": "high"}, InvalidInputError, "must be an integer"),
     ("summarize", {"text": "x"}, {"priority": True}, InvalidInputError, "must be an integer"),
@@ -135,12 +149,24 @@ async def test_corrupt_and_unwritable_databases(tmp_path: Path) -> None:
         ("sqlite://host/x.db", "invalid SQLite URL"),
         ("sqlite:///x.db?wat=1", "unknown SQLite URL option"),
         ("sqlite:///x.db?synchronous=SOMETIMES", "synchronous"),
+        ("sqlite:///x.db?poll_interval_ms=-1", "poll_interval_ms"),
+        ("sqlite:///x.db?poll_interval_ms=nan", "poll_interval_ms"),
+        ("sqlite:///x.db?poll_interval_ms=0", "poll_interval_ms"),
         ("redis://localhost", "not available yet"),
     ],
 )
 def test_bad_backend_urls(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Backburner(url)
+
+
+def test_settings_check_their_types() -> None:
+    with pytest.raises(ConfigurationError, match="concurrency must be int"):
+        Settings(concurrency="5")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="lease_s must be float"):
+        Settings(lease_s=math.nan)
+    with pytest.raises(ConfigurationError, match="backend_url must be str"):
+        Settings(backend_url=None)  # type: ignore[arg-type]
 
 
 def test_settings_from_env_fail_loudly() -> None:
@@ -158,7 +184,7 @@ def test_settings_from_env_fail_loudly() -> None:
 def test_task_registration_errors() -> None:
     bb = Backburner("memory://")
 
-    with pytest.raises(TypeError, match="async function"):
+    with pytest.raises(ConfigurationError, match="async function"):
 
         @bb.task
         def not_async(ctx: JobContext) -> None:  # type: ignore[type-var]
@@ -172,8 +198,33 @@ def test_task_registration_errors() -> None:
         bb.task(name="once")(once)
     with pytest.raises(ConfigurationError, match="max_attempts"):
         bb.task(max_attempts=0)(once)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        bb.task(name="b", max_attempts=True)(once)
+    with pytest.raises(ConfigurationError, match="timeout"):
+        bb.task(name="n", timeout=math.nan)(once)
     with pytest.raises(ConfigurationError, match="priority"):
         bb.task(name="p", priority=1000)(once)
+
+
+async def test_replay_and_events_validate_arguments(backend: Backend) -> None:
+    bb = make_app(backend)
+    job = await bb.enqueue("summarize", {"text": "a"})
+    with pytest.raises(InvalidInputError, match="max_attempts"):
+        await bb.replay(job.task_id, max_attempts=0)
+    with pytest.raises(InvalidInputError, match="limit"):
+        await bb.events(job.task_id, limit=-1)
+    with pytest.raises(InvalidInputError, match="after"):
+        await bb.events(job.task_id, after=-1)
+    with pytest.raises(JobNotFoundError):
+        await bb.events("task_nope")
+    assert [e.seq for e in await bb.events(job.task_id)] == [1]
+
+
+def test_retry_after_must_be_finite() -> None:
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            Retry(after=bad)
+    assert Retry(after=0).after == 0
 
 
 async def test_list_validates_arguments(backend: Backend) -> None:

@@ -1,0 +1,77 @@
+"""How each attempt outcome becomes one guarded UPDATE of the jobs table, plus its events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..jsoncodec import check_usage, encode
+from .base import Complete, Fail, Outcome, Release, RetryAt
+
+_CLOSE_HISTORY = (
+    "history = json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', :outcome"
+)
+
+
+class EncodedJSON(str):
+    """Event data already encoded as JSON (saves encoding a large result twice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeUpdate:
+    """The SET clause and parameters for one outcome, and the events it appends, in order."""
+
+    sets: str
+    params: dict[str, Any]
+    events: list[tuple[str, Any]]
+
+
+def outcome_update(outcome: Outcome) -> OutcomeUpdate:
+    """Build the update; InvalidInputError if the result or usage cannot be stored."""
+    if isinstance(outcome, Complete):
+        result = encode(outcome.result, "result")
+        usage = check_usage(outcome.usage)
+        return OutcomeUpdate(
+            "status = 'completed', result = :result, usage = COALESCE(:usage, usage),"
+            " error = NULL, finished_at = :now, expires_at = :now + ttl_s,"
+            " lease_expires_at = NULL, progress_percent = 100, event_seq = event_seq + 1,"
+            f" {_CLOSE_HISTORY})",
+            {
+                "outcome": "completed",
+                "result": result,
+                "usage": None if usage is None else encode(usage, "usage"),
+            },
+            [("status", EncodedJSON(f'{{"status":"completed","result":{result}}}'))],
+        )
+    if isinstance(outcome, Fail):
+        error = outcome.error.model_dump()
+        return OutcomeUpdate(
+            "status = 'failed', error = :error, finished_at = :now,"
+            " expires_at = :now + :fail_ttl, lease_expires_at = NULL, event_seq = event_seq + 2,"
+            f" {_CLOSE_HISTORY}, '$[#-1].error', json(:error))",
+            {"outcome": "failed", "error": encode(error), "fail_ttl": outcome.ttl_s},
+            [
+                ("attempt_failed", {"error": error}),
+                ("status", {"status": "failed", "error": error}),
+            ],
+        )
+    if isinstance(outcome, RetryAt):
+        error = outcome.error.model_dump()
+        return OutcomeUpdate(
+            "status = 'queued', error = :error, run_at = :run_at, worker_id = NULL,"
+            " lease_expires_at = NULL, event_seq = event_seq + 2,"
+            f" {_CLOSE_HISTORY}, '$[#-1].error', json(:error))",
+            {"outcome": "retry", "error": encode(error), "run_at": outcome.run_at},
+            [
+                ("attempt_failed", {"error": error, "retry_at": outcome.run_at}),
+                ("status", {"status": "queued"}),
+            ],
+        )
+    if isinstance(outcome, Release):
+        return OutcomeUpdate(
+            "status = 'queued', attempts = attempts - 1, run_at = :now, worker_id = NULL,"
+            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_CLOSE_HISTORY})",
+            {"outcome": "released"},
+            [("status", {"status": "queued", "released": outcome.reason})],
+        )
+    raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union

@@ -1,0 +1,38 @@
+"""The one place that decides what JSON backburner stores: strict (no NaN), compact."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import InvalidInputError
+from .models import Usage
+
+
+def encode(value: Any, what: str = "value") -> str:
+    """Compact JSON text; InvalidInputError for what JSON cannot hold (sets, NaN, objects)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def round_trip(value: Any, what: str = "value") -> Any:
+    """Exactly what a reader gets back after storing ``value`` (tuples become lists, ...)."""
+    return json.loads(encode(value, what))
+
+
+def check_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Usage as it will be stored; InvalidInputError unless it fits ``Usage``."""
+    if usage is None:
+        return None
+    copied: dict[str, Any] = round_trip(usage, "usage")
+    try:
+        Usage.model_validate(copied)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InvalidInputError(f"usage.{where}: {first['msg']}") from None
+    return copied

@@ -1,0 +1,145 @@
+"""One attempt of one job: run the handler, turn what happened into an outcome, store it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..backends.base import Complete, Fail, Outcome, Release, RetryAt
+from ..context import JobContext, activate
+from ..errors import InvalidInputError, LeaseLostError
+from ..models import ErrorInfo, Job
+
+if TYPE_CHECKING:
+    from ..app import Backburner
+
+log = logging.getLogger("backburner.worker")
+
+SHUTDOWN = "shutdown"
+CANCELLED = "cancelled"
+LEASE_LOST = "lease_lost"
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An attempt a worker runs: the claimed job, its asyncio task and what became of it."""
+
+    job: Job
+    registered: float
+    task: asyncio.Task[None] | None = None
+    stop_reason: str | None = None
+    """Why the worker cancelled it: SHUTDOWN, CANCELLED or LEASE_LOST."""
+    settled: bool = False
+    """True once its outcome is stored, or once nothing may be stored for it any more."""
+
+
+class _FailNowError(Exception):
+    def __init__(self, type: str, message: str) -> None:
+        super().__init__(message)
+        self.error = ErrorInfo(type=type, message=message, retryable=False)
+
+
+async def execute(app: Backburner, attempt: Attempt) -> None:
+    """The body of an attempt's asyncio task."""
+    job = attempt.job
+    ctx = JobContext(job, app.backend, app.clock)
+    activate(ctx)
+    try:
+        await app.hooks.start(job)
+        outcome = await _run_handler(app, attempt, ctx)
+    except asyncio.CancelledError:
+        outcome = _after_cancel(attempt)
+        if outcome is None:
+            raise
+    if outcome is None:
+        attempt.settled = True
+        return
+    await store(app, attempt, outcome)
+
+
+def _after_cancel(attempt: Attempt) -> Outcome | None:
+    if attempt.stop_reason == SHUTDOWN:
+        return Release()
+    if attempt.stop_reason in (CANCELLED, LEASE_LOST):
+        log.info("job %s: stopped (%s)", attempt.job.task_id, attempt.stop_reason)
+        attempt.settled = True
+    return None
+
+
+async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Outcome | None:
+    """Run the handler once; None means nothing may be written (cancelled or lease lost)."""
+    job = attempt.job
+    policy = app.retry_policy
+    definition = app.tasks[job.type]  # workers claim only the types they have
+    now = app.clock.now()
+    try:
+        if job.deadline_at is not None and now >= job.deadline_at:
+            raise _FailNowError("deadline_exceeded", "the job's deadline passed before it ran")
+        try:
+            definition.check_input(job.input)
+        except InvalidInputError as exc:
+            raise _FailNowError("invalid_input", str(exc)) from None
+        timeout = job.timeout_s
+        if job.deadline_at is not None:
+            left = job.deadline_at - now
+            timeout = left if timeout is None else min(timeout, left)
+        async with asyncio.timeout(timeout):
+            result = await definition.call(ctx, job.input)
+        return Complete(result, usage=ctx.usage or None)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if attempt.stop_reason is None and task is not None and not task.cancelling():
+            # The handler raised CancelledError itself (nobody cancelled us): a failure.
+            return _failure(app, attempt, exc)
+        outcome = _after_cancel(attempt)
+        if outcome is None:
+            raise
+        return outcome
+    except _FailNowError as exc:
+        return Fail(exc.error, max(job.ttl_s, policy.dead_letter_ttl_s))
+    except Exception as exc:
+        return _failure(app, attempt, exc)
+
+
+def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:
+    job = attempt.job
+    error, delay = app.retry_policy.classify(exc, app.tasks.get(job.type))
+    log.info(
+        "job %s attempt %d failed: %s: %s", job.task_id, job.attempts, error.type, error.message
+    )
+    return app.retry_policy.after_failure(job, error, delay, now=app.clock.now())
+
+
+async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
+    """Write the outcome (fenced), then run the hooks for it."""
+    job = attempt.job
+    dead_letter_ttl = max(job.ttl_s, app.retry_policy.dead_letter_ttl_s)
+    for _ in range(2):
+        try:
+            stored = await app.backend.finish(job.task_id, job.fence, outcome, now=app.clock.now())
+            break
+        except LeaseLostError:
+            log.info("job %s: lease lost before its outcome was written; dropped", job.task_id)
+            attempt.settled = True
+            return
+        except InvalidInputError as exc:  # the result or usage cannot be stored
+            error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
+            outcome = Fail(error, dead_letter_ttl)
+        except Exception as exc:
+            log.exception("job %s: could not store its outcome", job.task_id)
+            if isinstance(outcome, Release):
+                return  # the lease will expire and the sweeper re-queues the job
+            error = ErrorInfo(type="internal_error", message=f"outcome not stored: {exc}")
+            outcome = Fail(error, dead_letter_ttl)
+    else:
+        # Not settled: the worker stops renewing the lease, so the sweeper takes the job back.
+        return
+    attempt.settled = True
+    if isinstance(outcome, Complete):
+        await app.hooks.complete(stored)
+    elif isinstance(outcome, Fail):
+        await app.hooks.fail(stored)
+    elif isinstance(outcome, RetryAt):
+        await app.hooks.retry(stored, outcome.error)

@@ -1,0 +1,158 @@
+"""The worker's rough edges: odd handlers, failing stores, slow hooks, abrupt shutdowns."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from backburner import Backburner, Hooks, Job, Settings
+from backburner.backends import Backend
+from backburner.backends.base import Outcome
+from backburner.context import JobContext
+from backburner.models import JobStatus
+
+from ..helpers import eventually, running_worker
+
+FAST = Settings(
+    backend_url="memory://",
+    cancel_poll_s=0.05,
+    sweep_interval_s=0.05,
+    heartbeat_s=0.1,
+    lease_s=1.0,
+    retry_base_s=0.01,
+    retry_cap_s=0.05,
+    idle_wait_s=0.5,
+)
+
+
+async def test_a_handler_raising_cancelled_error_is_an_ordinary_failure(backend: Backend) -> None:
+    bb = Backburner(backend, settings=FAST)
+
+    @bb.task(max_attempts=2)
+    async def odd(ctx: JobContext) -> str:
+        if ctx.attempt == 1:
+            raise asyncio.CancelledError("raised by the handler, not by anyone cancelling")
+        return "second time"
+
+    async with running_worker(bb):
+        job = await bb.enqueue("odd")
+        done = await bb.wait(job.task_id, timeout=20)
+    assert done.status == JobStatus.COMPLETED and done.result == "second time"
+    assert done.history[0].error is not None
+    assert done.history[0].error.type == "CancelledError"
+
+
+async def test_usage_that_cannot_be_stored_fails_the_job_clearly(backend: Backend) -> None:
+    bb = Backburner(backend, settings=FAST)
+
+    @bb.task(max_attempts=3)
+    async def leaky(ctx: JobContext) -> str:
+        ctx.add_usage(input_tokens=1, model=object())
+        return "ok"
+
+    async with running_worker(bb):
+        job = await bb.enqueue("leaky")
+        done = await bb.wait(job.task_id, timeout=20)
+    assert done.status == JobStatus.FAILED and done.attempts == 1
+    assert done.error is not None and done.error.type == "invalid_result"
+    assert "usage" in done.error.message
+
+
+class FlakyStore:
+    """Wraps a backend; its first ``failures`` finish() calls blow up unexpectedly."""
+
+    def __init__(self, inner: Backend, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def finish(self, task_id: str, fence: int, outcome: Outcome, **kw: Any) -> Job:
+        if self.failures > 0 and not kw.get("only_if_lease_expired"):
+            self.failures -= 1
+            raise RuntimeError("disk on fire")
+        return await self.inner.finish(task_id, fence, outcome, **kw)
+
+
+async def test_an_outcome_that_cannot_be_stored_is_not_left_running(backend: Backend) -> None:
+    store = FlakyStore(backend, failures=2)
+    bb = Backburner(store, settings=FAST)  # type: ignore[arg-type]
+
+    @bb.task(max_attempts=3)
+    async def work(ctx: JobContext) -> int:
+        return ctx.attempt
+
+    async with running_worker(bb):
+        job = await bb.enqueue("work")
+        # Both writes of attempt 1 fail; its lease is no longer renewed, so the sweeper takes
+        # the job back and attempt 2 completes it.
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED and done.result == 2
+    assert done.history[0].error is not None
+    assert done.history[0].error.type == "lease_expired"
+
+
+async def test_slow_hooks_are_not_cut_off_by_heartbeats(backend: Backend) -> None:
+    seen: list[str] = []
+
+    class Slow(Hooks):
+        async def on_complete(self, job: Job) -> None:
+            seen.append("slow:start")
+            await asyncio.sleep(0.6)  # several heartbeat periods
+            seen.append("slow:end")
+
+    class After(Hooks):
+        async def on_complete(self, job: Job) -> None:
+            seen.append("after")
+
+    bb = Backburner(backend, settings=FAST, hooks=[Slow(), After()])
+
+    @bb.task
+    async def quick(ctx: JobContext) -> None:
+        return None
+
+    async with running_worker(bb):
+        job = await bb.enqueue("quick")
+        await bb.wait(job.task_id, timeout=20)
+        await eventually(lambda: "after" in seen, timeout=20, message="hooks done")
+    assert seen == ["slow:start", "slow:end", "after"]
+
+
+class StopOnClaim:
+    """Wraps a backend; both shutdown requests arrive the moment a claim returns."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.worker: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(self, *args: Any, **kw: Any) -> list[Job]:
+        jobs: list[Job] = await self.inner.claim(*args, **kw)
+        if jobs:
+            self.worker.shutdown()
+            self.worker.shutdown()  # the second request: no grace period
+        return jobs
+
+
+async def test_forced_shutdown_before_jobs_start_hands_them_all_back(backend: Backend) -> None:
+    store = StopOnClaim(backend)
+    bb = Backburner(store, settings=FAST.replace(shutdown_grace_s=60))  # type: ignore[arg-type]
+    started: list[str] = []
+
+    @bb.task(max_attempts=1)
+    async def long(ctx: JobContext) -> None:
+        started.append(ctx.job_id)
+        await asyncio.sleep(60)
+
+    jobs = [await bb.enqueue("long") for _ in range(50)]
+    worker = store.worker = bb.worker(concurrency=50)
+    await asyncio.wait_for(worker.run(), 20)
+    assert started == []  # cancelled before their first step: no handler ran
+    for job in jobs:
+        back = await bb.get(job.task_id)
+        assert back.status == JobStatus.QUEUED, back
+        assert back.attempts == 0 and back.max_attempts == 1
+    assert worker.running == {}
