@@ -275,6 +275,15 @@ class Backend(Protocol):
         """
         ...
 
+    async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
+        """Wait until one of the jobs in ``after`` ({task_id: seq}) has an event past that seq.
+
+        Returns {task_id: latest seq} for those jobs (0 for a job that no longer exists), at
+        once if there are any already; {} after ``timeout`` seconds. A pure read: one call
+        serves every event stream of a process.
+        """
+        ...
+
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         """Counts by status, queued jobs by priority, DLQ size, workers seen in the window."""
         ...

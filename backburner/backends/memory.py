@@ -85,6 +85,7 @@ class MemoryBackend:
         stored.events.append(
             Event.model_construct(task_id=stored.job.task_id, seq=seq, type=type, data=data, at=at)
         )
+        self._wake()
         return seq
 
     def _held(self, task_id: str, fence: int) -> _Stored:
@@ -408,6 +409,7 @@ class MemoryBackend:
 
     def _remove(self, stored: _Stored) -> None:
         del self._jobs[stored.job.task_id]
+        self._wake()
         for signals in self._signals.values():
             signals.pop(stored.job.task_id, None)
         key = stored.job.idempotency_key
@@ -453,6 +455,26 @@ class MemoryBackend:
             await asyncio.wait({waiter}, timeout=wait)
         finally:
             self._waiters.discard(waiter)
+
+    async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            grown: dict[str, int] = {}
+            for task_id, seq in after.items():
+                stored = self._jobs.get(task_id)
+                head = 0 if stored is None else len(stored.events)
+                if stored is None or head > seq:
+                    grown[task_id] = head
+            left = deadline - loop.time()
+            if grown or left <= 0:
+                return grown
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.add(waiter)
+            try:
+                await asyncio.wait({waiter}, timeout=left)
+            finally:
+                self._waiters.discard(waiter)
 
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         counts = {status: 0 for status in JobStatus}

@@ -31,8 +31,6 @@ from .base import (
     NewJob,
     Outcome,
     Page,
-    Release,
-    RetryAt,
     Stats,
     WorkerInfo,
 )
@@ -165,7 +163,7 @@ class SQLiteBackend:
             _insert_event(conn, job.task_id, 1, "status", {"status": "queued"}, job.created_at)
             return row_to_job(row), True
 
-        return await self._executor.run(op, wakes=True)
+        return await self._executor.run(op)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -375,8 +373,7 @@ class SQLiteBackend:
                 _insert_event(conn, task_id, first + offset, type_, data, now)
             return row_to_job(row)
 
-        wakes = isinstance(outcome, RetryAt | Release)
-        return await self._executor.run(op, wakes=wakes)
+        return await self._executor.run(op)
 
     async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
         """A stale writer hears about its lease first, whatever else is wrong with its write."""
@@ -460,7 +457,7 @@ class SQLiteBackend:
             )
             return row_to_job(row)
 
-        return await self._executor.run(op, wakes=True)
+        return await self._executor.run(op)
 
     async def delete(self, task_id: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
@@ -530,6 +527,31 @@ class SQLiteBackend:
                 if next_due is not None:
                     wait = min(wait, next_due - now - elapsed)
                 await asyncio.wait({changed}, timeout=wait)
+            finally:
+                self._executor.unwatch(changed)
+
+    async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        params = (_dumps(dict(after)),)
+
+        def heads(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute(
+                "SELECT a.key, coalesce(jobs.event_seq, 0) FROM json_each(?) AS a"
+                " LEFT JOIN jobs ON jobs.task_id = a.key"
+                " WHERE jobs.event_seq IS NULL OR jobs.event_seq > a.value",
+                params,
+            ).fetchall()
+            return dict(rows)
+
+        while True:
+            changed = self._executor.watch()
+            try:
+                grown = await self._executor.run(heads, write=False)
+                left = deadline - loop.time()
+                if grown or left <= 0:
+                    return grown
+                await asyncio.wait({changed}, timeout=left)
             finally:
                 self._executor.unwatch(changed)
 

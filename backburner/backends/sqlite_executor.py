@@ -34,19 +34,17 @@ _NUDGE = object()
 
 
 class _Op:
-    __slots__ = ("fn", "future", "wakes", "write")
+    __slots__ = ("fn", "future", "write")
 
     def __init__(
         self,
         fn: Callable[[sqlite3.Connection], Any],
         future: asyncio.Future[Any],
         write: bool,
-        wakes: bool,
     ) -> None:
         self.fn = fn
         self.future = future
         self.write = write
-        self.wakes = wakes
 
 
 def _resolve(items: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
@@ -151,14 +149,12 @@ class SQLiteExecutor:
             if conn is not None:
                 conn.close()
 
-    async def run(
-        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, wakes: bool = False
-    ) -> T:
-        """Run ``fn(connection)`` on the thread; ``wakes`` marks a change claimers care about."""
+    async def run(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        """Run ``fn(connection)`` on the thread (in a write transaction unless write=False)."""
         if self._thread is None or not self._thread.is_alive():
             raise BackendError("sqlite backend is not connected (call connect() first)")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put(_Op(fn, future, write, wakes))
+        self._queue.put(_Op(fn, future, write))
         return await future
 
     def watch(self) -> asyncio.Future[None]:
@@ -268,7 +264,6 @@ class SQLiteExecutor:
             error = _wrap_error(exc)
             self._deliver([(op.future, None, error) for op in ops])
             return
-        wakes = False
         for op in ops:
             if writes:
                 conn.execute("SAVEPOINT op")
@@ -282,7 +277,6 @@ class SQLiteExecutor:
                 continue
             if writes:
                 conn.execute("RELEASE op")
-            wakes = wakes or op.wakes
             outcomes.append((op.future, result, None))
         try:
             conn.execute("COMMIT")
@@ -291,12 +285,11 @@ class SQLiteExecutor:
                 conn.execute("ROLLBACK")
             error = _wrap_error(exc)
             outcomes = [(future, None, error) for future, _, _ in outcomes]
-            wakes = False
+            writes = False
         self._deliver(outcomes)
         if writes:
             self._dirty.set()
-        if wakes:
-            self._wake_watchers()
+            self._wake_watchers()  # our own commits do not change data_version
 
     @staticmethod
     def _deliver(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:

@@ -174,3 +174,42 @@ async def test_commits_that_add_no_work_do_not_end_the_wait(backend: Backend) ->
     begun = time.monotonic()
     await asyncio.wait_for(again, PATIENCE)
     assert time.monotonic() - begun >= 0.25
+
+
+# -- wait_for_events --------------------------------------------------------------------------
+
+
+async def test_wait_for_events_returns_at_once_for_logs_already_past(backend: Backend) -> None:
+    job = await enqueue(backend)  # one event: seq 1
+    other = await enqueue(backend)
+    heads = await asyncio.wait_for(
+        backend.wait_for_events({job.task_id: 0, other.task_id: 1}, timeout=LONG), PATIENCE
+    )
+    assert heads == {job.task_id: 1}
+
+
+async def test_wait_for_events_times_out_empty(backend: Backend) -> None:
+    job = await enqueue(backend)
+    started = time.monotonic()
+    assert await backend.wait_for_events({job.task_id: 1}, timeout=0.3) == {}
+    assert time.monotonic() - started >= 0.25
+
+
+async def test_wait_for_events_reports_missing_jobs(backend: Backend) -> None:
+    assert await backend.wait_for_events({"task_missing": 3}, timeout=LONG) == {"task_missing": 0}
+
+
+@pytest.mark.parametrize("writer", ["same", "peer"])
+async def test_an_appended_event_wakes_the_events_waiter(backend: Backend, writer: str) -> None:
+    job = await drive(backend, JobStatus.PROCESSING)  # events 1 (queued) and 2 (processing)
+    quiet = await enqueue(backend)
+    async with peer(backend) as other:
+        source = backend if writer == "same" else other
+        waiting = asyncio.create_task(
+            backend.wait_for_events({job.task_id: 2, quiet.task_id: 1}, timeout=LONG)
+        )
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await source.append_event(job.task_id, job.fence, "token", {"t": "hi"}, now=T0)
+        await _finishes_soon(waiting)
+    assert waiting.result() == {job.task_id: 3}
