@@ -223,8 +223,13 @@ class Backburner:
         run_at: float | datetime | None = None,
         metadata: dict[str, Any] | None = None,
         webhook_url: str | None = None,
+        request_fingerprint: str | None = None,
     ) -> NewJob:
-        """Validate an enqueue request and return what would be stored (stores nothing)."""
+        """Validate an enqueue request and return what would be stored (stores nothing).
+
+        ``request_fingerprint`` replaces the default (task and input) as what an idempotency
+        key must match: the HTTP API passes a digest of the whole request body.
+        """
         definition = self.tasks.get(task) if isinstance(task, str) else None
         if definition is None:
             known = ", ".join(sorted(self.tasks)) or "none registered"
@@ -271,7 +276,7 @@ class Backburner:
             task_id=new_task_id(),
             type=task,
             input=payload,
-            fingerprint=fingerprint(task, payload),
+            fingerprint=request_fingerprint or fingerprint(task, payload),
             created_at=now,
             run_at=due,
             priority=priority,
@@ -291,12 +296,19 @@ class Backburner:
         run_at, metadata, webhook_url. Raises a ``backburner.errors`` exception on bad input
         (nothing stored), IdempotencyConflictError, QueueFullError or BackendError.
         """
+        job, _ = await self.submit(task, input, **options)
+        return job
+
+    async def submit(
+        self, task: str, input: dict[str, Any] | None = None, **options: Any
+    ) -> tuple[Job, bool]:
+        """Like enqueue, and also say whether the job is new (False: an idempotent repeat)."""
         new = self.build_job(task, input, **options)
         await self.connect()
         job, created = await self.backend.enqueue(new)
         if created:
             await self.hooks.enqueue(job)
-        return job
+        return job, created
 
     # -- readers -----------------------------------------------------------------------------
 

@@ -36,3 +36,21 @@ def check_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         where = ".".join(str(part) for part in first["loc"])
         raise InvalidInputError(f"usage.{where}: {first['msg']}") from None
     return copied
+
+
+def depth(value: Any) -> int:
+    """How deeply objects and arrays nest in ``value`` (0 for a scalar); iterative."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        level += 1
+        deepest = max(deepest, level)
+        stack.extend((child, level) for child in children)
+    return deepest

@@ -45,6 +45,18 @@ class Settings:
     retry_base_s: float = 1.0
     """Backoff before retry n is uniform in [0, min(retry_cap_s, retry_base_s * 2**(n-1))]."""
     retry_cap_s: float = 300.0
+    host: str = "127.0.0.1"
+    """Where ``backburner serve`` / ``api`` listen."""
+    port: int = 8000
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body the API reads (counted while reading, whatever Content-Length says)."""
+    max_json_depth: int = 32
+    """Deepest nesting of objects and arrays accepted in a request body."""
+    max_prompt_chars: int = 100_000
+    """Longest prompt (or all messages together) POST /v1/generate accepts."""
+    max_tokens_limit: int = 32_768
+    sse_keepalive_s: float = 15.0
+    """How often an idle event stream sends a keep-alive comment."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -63,6 +75,12 @@ class Settings:
             "default_ttl_s",
             "dead_letter_ttl_s",
             "retry_cap_s",
+            "port",
+            "max_body_bytes",
+            "max_json_depth",
+            "max_prompt_chars",
+            "max_tokens_limit",
+            "sse_keepalive_s",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -1,0 +1,65 @@
+"""The ASGI application: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from .. import __version__
+from ..app import Backburner
+from ..builtin import install_builtin_tasks
+from ..settings import Settings
+from .errors import install_error_handlers
+from .limits import BodyLimitMiddleware
+from .routes import Api, build_router
+
+log = logging.getLogger("backburner.api")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    backburner: Backburner | None = None,
+    run_worker: bool = False,
+) -> FastAPI:
+    """The HTTP API over ``backburner`` (default: the built-in tasks on settings.backend_url).
+
+    With ``run_worker`` a worker runs in the same process (``backburner serve``).
+    """
+    settings = settings or (backburner.settings if backburner else Settings.from_env())
+    bb = backburner or Backburner(settings=settings)
+    install_builtin_tasks(bb)
+    api = Api(bb, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await bb.connect()
+        worker_task: asyncio.Task[None] | None = None
+        worker = None
+        if run_worker:
+            worker = bb.worker()
+            worker_task = asyncio.create_task(worker.run())
+        try:
+            yield
+        finally:
+            await api.hub.close()
+            if worker is not None and worker_task is not None:
+                worker.shutdown()
+                await worker_task
+            await bb.close()
+
+    app = FastAPI(
+        title="backburner",
+        version=__version__,
+        summary="Long-running LLM and agent jobs: 202 + task id, poll, stream, cancel.",
+        lifespan=lifespan,
+    )
+    app.state.api = api
+    install_error_handlers(app)
+    app.include_router(build_router(api))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,138 @@
+"""Server-sent events: one job's event log, live, resumable by ``Last-Event-ID``.
+
+Each API process runs one ``EventHub`` task that waits on the backend for new events of every
+job somebody is streaming (one ``wait_for_events`` call for all of them), and wakes just the
+streams whose job moved. A stream then reads its new events itself, so it never misses or
+repeats one: its position is the last ``seq`` it sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..backends import Backend
+from ..models import TERMINAL_STATUSES, Event
+
+log = logging.getLogger("backburner.api.events")
+
+BATCH = 500
+
+
+@dataclass(eq=False)
+class Subscription:
+    task_id: str
+    after: int
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class EventHub:
+    """Multiplexes every open stream of this process onto one backend wait."""
+
+    def __init__(self, backend: Backend, *, idle_timeout_s: float = 30.0) -> None:
+        self.backend = backend
+        self.idle_timeout_s = idle_timeout_s
+        self._subs: dict[str, set[Subscription]] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def subscriptions(self) -> int:
+        return sum(len(subs) for subs in self._subs.values())
+
+    def subscribe(self, task_id: str, after: int) -> Subscription:
+        sub = Subscription(task_id, after)
+        self._subs.setdefault(task_id, set()).add(sub)
+        self._changed.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="backburner-event-hub")
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.task_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.task_id]
+        self._changed.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while self._subs:
+            self._changed.clear()
+            after = {task_id: min(s.after for s in subs) for task_id, subs in self._subs.items()}
+            waiting = asyncio.ensure_future(
+                self.backend.wait_for_events(after, timeout=self.idle_timeout_s)
+            )
+            changed = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait({waiting, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                if not waiting.done():
+                    waiting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
+            if waiting.cancelled():
+                continue
+            try:
+                grown = waiting.result()
+            except Exception:
+                log.exception("waiting for events failed; retrying")
+                await asyncio.sleep(0.5)
+                grown = dict.fromkeys(self._subs, 0)  # let every stream look for itself
+            for task_id in grown:
+                for sub in self._subs.get(task_id, ()):
+                    sub.wake.set()
+
+
+def format_event(event: Event) -> str:
+    payload = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
+
+
+def is_terminal(event: Event) -> bool:
+    return (
+        event.type == "status"
+        and isinstance(event.data, dict)
+        and event.data.get("status") in TERMINAL_STATUSES
+    )
+
+
+async def event_stream(
+    hub: EventHub, task_id: str, after: int, *, keepalive_s: float
+) -> AsyncIterator[str]:
+    """The SSE body: stored events after ``after``, then live ones, until the terminal one."""
+    backend = hub.backend
+    sub = hub.subscribe(task_id, after)
+    try:
+        yield "retry: 1000\n\n"
+        while True:
+            sub.wake.clear()  # before reading, so an event that lands after the read wakes us
+            events = await backend.events(task_id, after=sub.after, limit=BATCH)
+            for event in events:
+                yield format_event(event)
+                sub.after = event.seq
+            if len(events) == BATCH:
+                continue
+            if events and is_terminal(events[-1]):
+                return
+            if not events:
+                job = await backend.get(task_id)
+                if job is None or job.is_terminal:
+                    return  # deleted, or a resumed stream that has already seen the end
+            try:
+                await asyncio.wait_for(sub.wake.wait(), keepalive_s)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+    finally:
+        hub.unsubscribe(sub)

@@ -1,0 +1,310 @@
+"""The /v1 routes: submit, read, list, stream, cancel, delete, the DLQ, stats and health."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from ..app import Backburner
+from ..backends.base import fingerprint
+from ..builtin import GENERATE, format_messages
+from ..errors import InvalidInputError
+from ..jsoncodec import depth
+from ..models import JobStatus
+from ..settings import Settings
+from .errors import documented
+from .estimates import DurationEstimator, poll_after
+from .events import EventHub, event_stream
+from .schemas import (
+    Accepted,
+    GenerateCreate,
+    Health,
+    JobList,
+    JobView,
+    StatsView,
+    TaskCreate,
+    WorkerView,
+)
+
+REPEAT: dict[int | str, dict[str, Any]] = {
+    200: {"model": Accepted, "description": "an idempotent repeat: the same task"}
+}
+SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "the event stream"}
+}
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Same key and same body: the same task (200). Same key, other body: 409.",
+    ),
+]
+LastEventId = Annotated[
+    str | None,
+    Header(alias="Last-Event-ID", description="Resume after this event id (SSE reconnects)."),
+]
+
+
+class Api:
+    """The state every route needs; one per application."""
+
+    def __init__(self, bb: Backburner, settings: Settings) -> None:
+        self.bb = bb
+        self.settings = settings
+        self.estimator = DurationEstimator(bb)
+        self.hub = EventHub(bb.backend)
+
+    async def view(self, job_id: str, response: Response | None = None) -> JobView:
+        job = await self.bb.get(job_id)
+        typical, remaining = await self.estimator.for_job(job)
+        if response is not None and not job.is_terminal:
+            response.headers["Retry-After"] = str(poll_after(remaining))
+        return JobView.of(job, estimate=typical, remaining=remaining)
+
+    def check_json(self, *values: Any) -> None:
+        for value in values:
+            if depth(value) > self.settings.max_json_depth:
+                raise InvalidInputError(
+                    f"JSON nests deeper than {self.settings.max_json_depth} levels"
+                )
+
+    async def submit(
+        self,
+        request: Request,
+        response: Response,
+        task: str,
+        payload: dict[str, Any],
+        body: dict[str, Any],
+        key: str | None,
+        model: str | None = None,
+        **options: Any,
+    ) -> Accepted:
+        if key is not None and not _KEY.match(key):
+            raise InvalidInputError("Idempotency-Key must be 1..255 printable ASCII characters")
+        job, created = await self.bb.submit(
+            task,
+            payload,
+            idempotency_key=key,
+            request_fingerprint=fingerprint(request.url.path, body),
+            **options,
+        )
+        typical = await self.estimator.estimate(task, model)
+        poll_url = str(request.url_for("get_task", task_id=job.task_id).path)
+        response.status_code = 202 if created else 200
+        response.headers["Location"] = poll_url
+        response.headers["Retry-After"] = str(poll_after(typical))
+        return Accepted(
+            task_id=job.task_id,
+            status=job.status,
+            estimated_time_sec=typical,
+            poll_url=poll_url,
+            stream_url=str(request.url_for("stream_events", task_id=job.task_id).path),
+        )
+
+
+def build_router(api: Api) -> APIRouter:
+    router = APIRouter()
+    bb = api.bb
+    settings = api.settings
+
+    @router.post(
+        "/v1/tasks",
+        status_code=202,
+        response_model=Accepted,
+        responses=documented(400, 409, 413, 422, 429, 503, also=REPEAT),
+        tags=["tasks"],
+    )
+    async def create_task(
+        body: TaskCreate, request: Request, response: Response, key: IdempotencyKey = None
+    ) -> Accepted:
+        """Submit a job; answers at once with its id and where to poll or stream it."""
+        api.check_json(body.input, body.metadata)
+        return await api.submit(
+            request,
+            response,
+            body.type,
+            body.input,
+            body.model_dump(mode="json"),
+            key,
+            priority=body.priority,
+            webhook_url=body.webhook_url,
+            metadata=body.metadata,
+            max_attempts=body.max_attempts,
+            timeout=body.timeout_s,
+            ttl=body.ttl_s,
+            delay=body.delay_s,
+        )
+
+    @router.post(
+        "/v1/generate",
+        status_code=202,
+        response_model=Accepted,
+        responses=documented(400, 409, 413, 422, 429, 503, also=REPEAT),
+        tags=["tasks"],
+    )
+    async def generate(
+        body: GenerateCreate, request: Request, response: Response, key: IdempotencyKey = None
+    ) -> Accepted:
+        """Generate text with the built-in task (today a clearly named simulator)."""
+        api.check_json(body.metadata)
+        messages = [m.model_dump() for m in body.messages] if body.messages else None
+        text = body.prompt if body.prompt is not None else format_messages(messages or [])
+        if len(text) > settings.max_prompt_chars:
+            raise InvalidInputError(
+                f"the prompt has {len(text)} characters; the limit is {settings.max_prompt_chars}"
+            )
+        if body.max_tokens > settings.max_tokens_limit:
+            raise InvalidInputError(f"max_tokens is limited to {settings.max_tokens_limit}")
+        payload: dict[str, Any] = {"model": body.model, "max_tokens": body.max_tokens}
+        if body.prompt is not None:
+            payload["prompt"] = body.prompt
+        else:
+            payload["messages"] = messages
+        if body.temperature is not None:
+            payload["temperature"] = body.temperature
+        return await api.submit(
+            request,
+            response,
+            GENERATE,
+            payload,
+            body.model_dump(mode="json"),
+            key,
+            model=body.model,
+            priority=body.priority,
+            webhook_url=body.webhook_url,
+            metadata=body.metadata,
+        )
+
+    @router.get(
+        "/v1/tasks/{task_id}",
+        response_model=JobView,
+        responses=documented(404, 503),
+        tags=["tasks"],
+        name="get_task",
+    )
+    async def get_task(task_id: str, response: Response) -> JobView:
+        """The job, with a poll hint: Retry-After and estimated_remaining_sec."""
+        return await api.view(task_id, response)
+
+    @router.get("/v1/tasks", response_model=JobList, responses=documented(422, 503), tags=["tasks"])
+    async def list_tasks(
+        status: JobStatus | None = None,
+        type: Annotated[str | None, Query(max_length=200)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[str | None, Query(max_length=100)] = None,
+    ) -> JobList:
+        """Jobs, newest first; follow next_cursor for more."""
+        page = await bb.list(status=status, type=type, limit=limit, cursor=cursor)
+        views = []
+        for job in page.jobs:
+            typical, remaining = await api.estimator.for_job(job)
+            views.append(JobView.of(job, estimate=typical, remaining=remaining))
+        return JobList(data=views, next_cursor=page.next_cursor)
+
+    @router.get(
+        "/v1/tasks/{task_id}/events",
+        responses=documented(404, 422, 503, also=SSE),
+        response_class=StreamingResponse,
+        tags=["tasks"],
+        name="stream_events",
+    )
+    async def stream_events(
+        task_id: str,
+        last_event_id: LastEventId = None,
+        after: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
+    ) -> StreamingResponse:
+        """Server-sent events: the job's log from the start (or after Last-Event-ID / ?after=),
+        then live until its terminal event; a keep-alive comment every 15 s."""
+        await bb.get(task_id)  # 404 before the stream starts
+        start = after or 0
+        if last_event_id is not None:
+            if not last_event_id.strip().isdigit():
+                raise InvalidInputError("Last-Event-ID must be an event id (a number)")
+            start = int(last_event_id)
+        stream = event_stream(api.hub, task_id, start, keepalive_s=settings.sse_keepalive_s)
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @router.post(
+        "/v1/tasks/{task_id}/cancel",
+        response_model=JobView,
+        responses=documented(404, 503),
+        tags=["tasks"],
+    )
+    async def cancel_task(task_id: str) -> JobView:
+        """Cancel now (idempotent): a queued job never runs, a running one stops within 1 s."""
+        await bb.cancel(task_id)
+        return await api.view(task_id)
+
+    @router.delete(
+        "/v1/tasks/{task_id}",
+        status_code=204,
+        responses=documented(404, 409, 503),
+        tags=["tasks"],
+    )
+    async def delete_task(task_id: str) -> Response:
+        """Delete a finished job and its events now (409 while it is queued or running)."""
+        await bb.delete(task_id)
+        return Response(status_code=204)
+
+    @router.get("/v1/dlq", response_model=JobList, responses=documented(422, 503), tags=["dlq"])
+    async def dead_letters(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: Annotated[str | None, Query(max_length=100)] = None,
+    ) -> JobList:
+        """Failed jobs, newest first, each with its attempt history."""
+        page = await bb.dead_letters(limit=limit, cursor=cursor)
+        views = [JobView.of(job, estimate=None, remaining=0.0) for job in page.jobs]
+        return JobList(data=views, next_cursor=page.next_cursor)
+
+    @router.post(
+        "/v1/dlq/{task_id}/replay",
+        response_model=JobView,
+        responses=documented(404, 409, 503),
+        tags=["dlq"],
+    )
+    async def replay(task_id: str) -> JobView:
+        """Re-queue a failed job with a fresh attempt budget; its history is kept."""
+        await bb.replay(task_id)
+        return await api.view(task_id)
+
+    @router.get("/v1/stats", response_model=StatsView, responses=documented(503), tags=["ops"])
+    async def stats() -> StatsView:
+        """Queue depth by priority, jobs processing, DLQ size, workers seen in the last minute."""
+        current = await bb.backend.stats(now=bb.clock.now())
+        return StatsView(
+            counts=current.counts,
+            queued_by_priority={str(p): n for p, n in current.queued_by_priority.items()},
+            processing=current.counts.get(JobStatus.PROCESSING, 0),
+            dead_letter=current.dead_letter,
+            workers=[
+                WorkerView(
+                    worker_id=w.worker_id,
+                    last_seen=w.last_seen,
+                    running=w.running,
+                    started_at=w.started_at,
+                )
+                for w in current.workers
+            ],
+        )
+
+    @router.get("/healthz", response_model=Health, tags=["ops"])
+    async def healthz() -> Health:
+        """The process is up."""
+        return Health(status="ok")
+
+    @router.get("/readyz", response_model=Health, responses=documented(503), tags=["ops"])
+    async def readyz() -> Health:
+        """The backend answers."""
+        await bb.backend.stats(now=bb.clock.now(), worker_window_s=0)
+        return Health(status="ready")
+
+    return router

@@ -1,0 +1,152 @@
+"""What crosses the HTTP API: request bodies and responses (pydantic, shown in /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..models import AttemptRecord, ErrorInfo, Job, JobStatus, Progress, Usage
+
+Priority = Field(default=None, ge=-100, le=100, description="Higher runs first (-100..100).")
+
+
+class TaskCreate(BaseModel):
+    """POST /v1/tasks."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: str = Field(min_length=1, max_length=200, description="A registered task name.")
+    input: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
+    priority: int | None = Priority
+    webhook_url: str | None = Field(default=None, max_length=2048)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    ttl_s: float | None = Field(default=None, gt=0, le=366 * 86400)
+    delay_s: float | None = Field(default=None, ge=0, le=366 * 86400)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class GenerateCreate(BaseModel):
+    """POST /v1/generate: exactly one of ``prompt`` or ``messages``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    prompt: str | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1, max_length=1000)
+    model: str = Field(default="simulated", min_length=1, max_length=200)
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    priority: int | None = Priority
+    webhook_url: str | None = Field(default=None, max_length=2048)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> GenerateCreate:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class Accepted(BaseModel):
+    """The answer to a submission: where to poll and where to stream."""
+
+    task_id: str
+    status: JobStatus
+    estimated_time_sec: float | None = Field(
+        description="Typical run time of this task type (recent average); null if unknown."
+    )
+    poll_url: str
+    stream_url: str
+
+
+class JobView(BaseModel):
+    """A job as the API shows it. Times are Unix seconds."""
+
+    task_id: str
+    type: str
+    status: JobStatus
+    priority: int
+    input: dict[str, Any]
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    max_attempts: int
+    progress: Progress
+    result: Any = None
+    error: ErrorInfo | None
+    usage: Usage | None
+    estimated_time_sec: float | None
+    estimated_remaining_sec: float | None
+    metadata: dict[str, Any]
+    webhook_url: str | None
+    expires_at: float | None
+    history: list[AttemptRecord]
+
+    @classmethod
+    def of(cls, job: Job, *, estimate: float | None, remaining: float | None) -> JobView:
+        return cls(
+            task_id=job.task_id,
+            type=job.type,
+            status=job.status,
+            priority=job.priority,
+            input=job.input,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            progress=job.progress,
+            result=job.result,
+            error=job.error,
+            usage=job.usage,
+            estimated_time_sec=estimate,
+            estimated_remaining_sec=remaining,
+            metadata=job.metadata,
+            webhook_url=job.webhook_url,
+            expires_at=job.expires_at,
+            history=job.history,
+        )
+
+
+class JobList(BaseModel):
+    data: list[JobView]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class WorkerView(BaseModel):
+    worker_id: str
+    last_seen: float
+    running: int
+    started_at: float
+
+
+class StatsView(BaseModel):
+    counts: dict[JobStatus, int]
+    queued_by_priority: dict[str, int]
+    processing: int
+    dead_letter: int
+    workers: list[WorkerView]
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 5xx answer has this shape."""
+
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready"]
