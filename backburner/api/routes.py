@@ -94,7 +94,7 @@ class Api:
             **options,
         )
         typical = await self.estimator.estimate(task, model)
-        poll_url = str(request.url_for("get_task", task_id=job.task_id).path)
+        poll_url = f"/v1/tasks/{job.task_id}"
         response.status_code = 202 if created else 200
         response.headers["Location"] = poll_url
         response.headers["Retry-After"] = str(poll_after(typical))
@@ -103,7 +103,7 @@ class Api:
             status=job.status,
             estimated_time_sec=typical,
             poll_url=poll_url,
-            stream_url=str(request.url_for("stream_events", task_id=job.task_id).path),
+            stream_url=f"/v1/tasks/{job.task_id}/events",
         )
 
 
@@ -187,9 +187,17 @@ def build_router(api: Api) -> APIRouter:
         tags=["tasks"],
         name="get_task",
     )
-    async def get_task(task_id: str, response: Response) -> JobView:
+    async def get_task(task_id: str) -> Response:
         """The job, with a poll hint: Retry-After and estimated_remaining_sec."""
-        return await api.view(task_id, response)
+        hints = Response()
+        view = await api.view(task_id, hints)
+        retry_after = hints.headers.get("Retry-After")
+        # Already a valid model: serialise it once, skipping FastAPI's second validation.
+        return Response(
+            view.model_dump_json(),
+            media_type="application/json",
+            headers={"Retry-After": retry_after} if retry_after else None,
+        )
 
     @router.get("/v1/tasks", response_model=JobList, responses=documented(422, 503), tags=["tasks"])
     async def list_tasks(

@@ -93,7 +93,8 @@ class JobView(BaseModel):
 
     @classmethod
     def of(cls, job: Job, *, estimate: float | None, remaining: float | None) -> JobView:
-        return cls(
+        # A stored Job is already valid: no second validation pass.
+        return cls.model_construct(
             task_id=job.task_id,
             type=job.type,
             status=job.status,

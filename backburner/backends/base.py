@@ -51,6 +51,28 @@ class NewJob:
     metadata: dict[str, Any] = field(default_factory=dict)
     webhook_url: str | None = None
 
+    def to_job(
+        self, *, input: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None
+    ) -> Job:
+        """The job as enqueue stores it (queued, no attempt yet), with input and metadata as
+        stored (pass their JSON round trips)."""
+        return Job(
+            task_id=self.task_id,
+            type=self.type,
+            status=JobStatus.QUEUED,
+            priority=self.priority,
+            input=self.input if input is None else input,
+            created_at=self.created_at,
+            run_at=self.run_at,
+            max_attempts=self.max_attempts,
+            metadata=self.metadata if metadata is None else metadata,
+            webhook_url=self.webhook_url,
+            timeout_s=self.timeout_s,
+            deadline_at=self.deadline_at,
+            ttl_s=self.ttl_s,
+            idempotency_key=self.idempotency_key,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Complete:

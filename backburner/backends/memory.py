@@ -126,22 +126,7 @@ class MemoryBackend:
         stored = _Stored(
             seq=next(self._seq),
             fingerprint=job.fingerprint,
-            job=Job(
-                task_id=job.task_id,
-                type=job.type,
-                status=JobStatus.QUEUED,
-                priority=job.priority,
-                input=_json_copy(job.input),
-                created_at=job.created_at,
-                run_at=job.run_at,
-                max_attempts=job.max_attempts,
-                metadata=_json_copy(job.metadata),
-                webhook_url=job.webhook_url,
-                timeout_s=job.timeout_s,
-                deadline_at=job.deadline_at,
-                ttl_s=job.ttl_s,
-                idempotency_key=job.idempotency_key,
-            ),
+            job=job.to_job(input=_json_copy(job.input), metadata=_json_copy(job.metadata)),
         )
         self._jobs[job.task_id] = stored
         if job.idempotency_key is not None:

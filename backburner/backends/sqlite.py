@@ -62,6 +62,9 @@ def _error_json(error: ErrorInfo) -> str:
     return _dumps(error.model_dump())
 
 
+_QUEUED = EncodedJSON('{"status":"queued"}')
+
+
 def _insert_event(
     conn: sqlite3.Connection, task_id: str, seq: int, type: str, data: Any, at: float
 ) -> None:
@@ -117,8 +120,24 @@ class SQLiteBackend:
 
     async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
         max_queue_size = self.max_queue_size
+        values = (
+            job.task_id,
+            job.type,
+            job.priority,
+            _dumps(job.input),
+            job.fingerprint,
+            job.created_at,
+            job.run_at,
+            job.max_attempts,
+            _dumps(job.metadata),
+            job.webhook_url,
+            job.timeout_s,
+            job.deadline_at,
+            job.ttl_s,
+            job.idempotency_key,
+        )
 
-        def op(conn: sqlite3.Connection) -> tuple[Job, bool]:
+        def op(conn: sqlite3.Connection) -> Job | None:
             if job.idempotency_key is not None:
                 row = conn.execute(
                     f"SELECT {COLUMNS}, fingerprint FROM jobs WHERE idempotency_key = ?",
@@ -127,7 +146,7 @@ class SQLiteBackend:
                 if row is not None:
                     if row[-1] != job.fingerprint:
                         raise IdempotencyConflictError(job.idempotency_key, row[TASK_ID])
-                    return row_to_job(row), False
+                    return row_to_job(row)
             if max_queue_size is not None:
                 (queued,) = conn.execute(
                     "SELECT n FROM status_counts WHERE status = 'queued'"
@@ -137,33 +156,21 @@ class SQLiteBackend:
                         f"the queue holds {queued} jobs, its limit (max_queue_size) is "
                         f"{max_queue_size}"
                     )
-            row = conn.execute(
+            conn.execute(
                 "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint,"
                 " created_at, run_at, max_attempts, metadata, webhook_url, timeout_s,"
                 " deadline_at, ttl_s, idempotency_key, event_seq)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
-                f" RETURNING {COLUMNS}",
-                (
-                    job.task_id,
-                    job.type,
-                    job.priority,
-                    _dumps(job.input),
-                    job.fingerprint,
-                    job.created_at,
-                    job.run_at,
-                    job.max_attempts,
-                    _dumps(job.metadata),
-                    job.webhook_url,
-                    job.timeout_s,
-                    job.deadline_at,
-                    job.ttl_s,
-                    job.idempotency_key,
-                ),
-            ).fetchone()
-            _insert_event(conn, job.task_id, 1, "status", {"status": "queued"}, job.created_at)
-            return row_to_job(row), True
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                values,
+            )
+            _insert_event(conn, job.task_id, 1, "status", _QUEUED, job.created_at)
+            return None
 
-        return await self._executor.run(op)
+        existing = await self._executor.run(op)
+        if existing is not None:
+            return existing, False
+        # The new row holds exactly what ``job`` says: build it here, not in the writer thread.
+        return job.to_job(input=json.loads(values[3]), metadata=json.loads(values[8])), True
 
     # -- reads -------------------------------------------------------------------------------
 
