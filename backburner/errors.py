@@ -13,11 +13,19 @@ The tree::
     ├── QueueFullError              the backend's queue-size bound is reached
     ├── InvalidTransitionError      the job's state does not allow that (delete a running job)
     ├── LeaseLostError              a worker wrote with a stale attempt (fencing)
+    ├── APIError                    the HTTP API answered an error (client; .status .type .message)
+    ├── TransportError              the client could not reach the API, even after retries
+    ├── WaitTimeoutError            the client's wait() ran out of time (also a TimeoutError)
     └── TaskError                   raised by handlers to steer the retry policy
         ├── Retry                   retry this attempt, optionally after a delay
         └── PermanentError          fail the job at once, no retry
 
 Handlers may raise any exception; only ``TaskError`` subclasses carry instructions.
+
+The HTTP client (``backburner.client``) raises the library class that matches the error type
+on the wire (``JobNotFoundError`` for 404, ``IdempotencyConflictError``, ``InvalidTransitionError``,
+``InvalidInputError`` / ``UnknownTaskError``, ``QueueFullError``, ``BackendError`` for 503); each
+of those is then also an ``APIError``, so ``except APIError`` catches every error answer.
 """
 
 from __future__ import annotations
@@ -81,6 +89,41 @@ class LeaseLostError(BackburnerError):
         super().__init__(f"lease on job {task_id} (claim {fence}) is no longer held")
         self.task_id = task_id
         self.fence = fence
+
+
+class APIError(BackburnerError):
+    """The HTTP API answered with an error: ``status``, ``type`` and the server's ``message``."""
+
+    def __init__(
+        self, message: str, *, status: int, type: str, retry_after: float | None = None
+    ) -> None:
+        # Not super(): the client's subclasses also derive from classes whose __init__ takes
+        # other arguments (JobNotFoundError(task_id)); the message must stay the server's.
+        BackburnerError.__init__(self, message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.retry_after = retry_after
+        """Seconds the server asked the client to wait (its Retry-After header), if any."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TransportError(BackburnerError):
+    """The client could not reach the API (connect, read or protocol failure) after retries."""
+
+
+class WaitTimeoutError(BackburnerError, TimeoutError):
+    """A job did not reach a terminal status within the client's wait timeout."""
+
+    def __init__(self, task_id: str, timeout: float, status: str | None = None) -> None:
+        super().__init__(
+            f"job {task_id} is still {status or 'unfinished'} after waiting {timeout:g} s"
+        )
+        self.task_id = task_id
+        self.timeout = timeout
+        self.status = status
 
 
 class TaskError(BackburnerError):

@@ -1,0 +1,130 @@
+"""What every command shares: one-line errors, settings, app loading, tables."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..app import Backburner
+from ..backends import backend_from_url
+from ..errors import BackburnerError, ConfigurationError
+from ..models import JobStatus
+from ..settings import Settings
+
+T = TypeVar("T")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+BackendOption = Annotated[
+    str | None,
+    typer.Option("--backend", "-b", help="Backend URL [env BACKBURNER_BACKEND_URL]."),
+]
+UrlOption = Annotated[
+    str,
+    typer.Option("--url", "-u", envvar="BACKBURNER_URL", help="The backburner service."),
+]
+AppArgument = Annotated[
+    str | None,
+    typer.Argument(help="Your Backburner as module:attribute (default: the built-in tasks)."),
+]
+
+COLOURS = {
+    JobStatus.COMPLETED: "green",
+    JobStatus.FAILED: "red",
+    JobStatus.CANCELLED: "yellow",
+    JobStatus.PROCESSING: "cyan",
+    JobStatus.QUEUED: "white",
+}
+
+
+def out() -> Console:
+    return Console()
+
+
+def err() -> Console:
+    return Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``error: message`` on one line (no wrapping) and return the Exit to raise."""
+    err().print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except BackburnerError as exc:
+        raise fail(str(exc)) from None
+
+
+def settings_for(backend: str | None = None, **overrides: Any) -> Settings:
+    try:
+        return Settings.from_env(backend_url=backend, **overrides)
+    except BackburnerError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def load_app(path: str | None, settings: Settings, backend: str | None = None) -> Backburner:
+    """Import ``module:attribute`` (a Backburner) the way uvicorn imports an app.
+
+    None gives a Backburner with only the built-in tasks, on ``settings``.
+    """
+    try:
+        if path is None:
+            from ..builtin import install_builtin_tasks
+
+            app = Backburner(settings=settings)
+            install_builtin_tasks(app)
+            return app
+        module_name, _, attr = path.partition(":")
+        if not module_name or not attr:
+            raise ConfigurationError(f"app must look like module:attribute, got {path!r}")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+        found = getattr(module, attr, None)
+        if not isinstance(found, Backburner):
+            raise ConfigurationError(f"{path!r} is not a Backburner instance")
+        if backend is not None:
+            found.backend = backend_from_url(backend, max_queue_size=found.settings.max_queue_size)
+        return found
+    except BackburnerError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def job_table(jobs: list[Any]) -> Table:
+    """A table of jobs (library Jobs or API task views: the same field names)."""
+    table = Table("task_id", "type", "status", "attempts", "progress", "result / error")
+    for job in jobs:
+        outcome = ""
+        if job.error is not None:
+            outcome = f"{job.error.type}: {job.error.message}"
+        elif job.result is not None:
+            outcome = json.dumps(job.result)[:60]
+        status = JobStatus(job.status)
+        table.add_row(
+            job.task_id,
+            job.type,
+            f"[{COLOURS[status]}]{status.value}[/]",
+            f"{job.attempts}/{job.max_attempts}",
+            f"{job.progress.percent:.0f}% {job.progress.message or ''}",
+            outcome,
+        )
+    return table
+
+
+def print_json(value: Any) -> None:
+    out().print_json(json.dumps(value))

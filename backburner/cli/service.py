@@ -1,0 +1,201 @@
+"""Commands that run backburner: serve, api, worker, demo, and enqueue (straight to storage)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from typing import Annotated
+
+import typer
+from rich.live import Live
+
+from ..app import Backburner
+from ..models import Job
+from ..settings import Settings
+from .common import (
+    AppArgument,
+    BackendOption,
+    fail,
+    job_table,
+    load_app,
+    out,
+    print_json,
+    run,
+    settings_for,
+)
+
+HostOption = Annotated[str | None, typer.Option(help="Interface to listen on [127.0.0.1].")]
+PortOption = Annotated[int | None, typer.Option(help="Port to listen on [8000].")]
+ConcurrencyOption = Annotated[int | None, typer.Option(help="Jobs one worker runs at once.")]
+LogLevelOption = Annotated[str, typer.Option(help="debug, info, warning, error")]
+
+
+def _logging(level_name: str) -> None:
+    level = getattr(logging, level_name.upper(), None)
+    if not isinstance(level, int):
+        raise fail(f"unknown log level {level_name!r}", 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail in one line now rather than in uvicorn's log later."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 2) from None
+
+
+def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: str) -> None:
+    import uvicorn
+
+    from ..api import create_app
+
+    _check_port(settings.host, settings.port)
+    url = f"http://{settings.host}:{settings.port}"
+    console = out()
+    role = "API and worker" if run_worker else "API"
+    console.print(
+        f"backburner {role} on [bold]{url}[/]  (backend {settings.backend_url})", soft_wrap=True
+    )
+    if run_worker:
+        console.print("model: simulated (a built-in simulator, not a real model)")
+    console.print(
+        f"try:  curl -s -X POST {url}/v1/generate -H 'Content-Type: application/json'"
+        """ -d '{"prompt": "Hello"}'""",
+        highlight=False,
+        soft_wrap=True,
+    )
+    app = create_app(settings, backburner=bb, run_worker=run_worker)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=level.lower())
+
+
+def serve(
+    app: AppArgument = None,
+    backend: BackendOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    concurrency: ConcurrencyOption = None,
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Run the HTTP API and a worker in one process (SQLite by default): the zero-setup service."""
+    _logging(log_level)
+    settings = settings_for(backend, host=host, port=port, concurrency=concurrency)
+    bb = load_app(app, settings, backend)
+    _serve_http(bb, settings, run_worker=True, level=log_level)
+
+
+def api(
+    app: AppArgument = None,
+    backend: BackendOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Run the HTTP API only (run workers with `backburner worker`)."""
+    _logging(log_level)
+    settings = settings_for(backend, host=host, port=port)
+    bb = load_app(app, settings, backend)
+    _serve_http(bb, settings, run_worker=False, level=log_level)
+
+
+def worker(
+    app: AppArgument = None,
+    backend: BackendOption = None,
+    concurrency: ConcurrencyOption = None,
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Run a worker until SIGTERM/SIGINT (graceful; a second signal: at once)."""
+    _logging(log_level)
+    if concurrency is not None and concurrency < 1:
+        raise fail("--concurrency must be >= 1", 2)
+    bb = load_app(app, settings_for(backend), backend)
+
+    async def go() -> None:
+        async with bb:
+            await bb.run_worker(concurrency=concurrency)
+
+    run(go())
+
+
+def enqueue(
+    app: Annotated[str, typer.Argument(help="Your Backburner as module:attribute.")],
+    task: Annotated[str, typer.Argument(help="The task name.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="The input as JSON.")] = "{}",
+    priority: Annotated[int | None, typer.Option(help="-100..100, higher first.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option()] = None,
+    delay: Annotated[float | None, typer.Option(help="Seconds before it may run.")] = None,
+    backend: BackendOption = None,
+) -> None:
+    """Enqueue a job straight into the backend (no API server needed) and print it."""
+    try:
+        payload = json.loads(input)
+    except json.JSONDecodeError as exc:
+        raise fail(f"--input is not valid JSON: {exc}", 2) from None
+    bb = load_app(app, settings_for(backend), backend)
+
+    async def go() -> Job:
+        async with bb:
+            return await bb.enqueue(
+                task, payload, priority=priority, idempotency_key=idempotency_key, delay=delay
+            )
+
+    print_json(run(go()).model_dump(mode="json"))
+
+
+def demo(
+    backend: BackendOption = None,
+    jobs: Annotated[int, typer.Option(help="How many simulated summaries to run.")] = 4,
+) -> None:
+    """Run a worker and a handful of demo jobs on the embedded backend, live."""
+    from ..demo import make_demo_app
+
+    if not 1 <= jobs <= 1000:
+        raise fail("--jobs must be within 1..1000", 2)
+    settings = settings_for(backend)
+    try:
+        bb = make_demo_app(settings.backend_url, settings)
+    except Exception as exc:
+        raise fail(str(exc), 2) from None
+    run(_demo(bb, jobs))
+
+
+async def _demo(bb: Backburner, count: int) -> None:
+    console = out()
+    async with bb:
+        worker = bb.worker(concurrency=50)
+        running = asyncio.create_task(worker.run())
+        ids = [
+            (
+                await bb.enqueue(
+                    "simulated_summary", {"text": f"document {i}", "tokens": 8 + 4 * i}
+                )
+            ).task_id
+            for i in range(count)
+        ]
+        ids.append((await bb.enqueue("flaky_call", {"fail_times": 1})).task_id)
+        ids.append((await bb.enqueue("broken_call", {})).task_id)
+        console.print(f"backend: [bold]{bb.settings.backend_url}[/]  worker: {worker.worker_id}")
+        with Live(console=console, refresh_per_second=10) as live:
+            while True:
+                current = [await bb.get(task_id) for task_id in ids]
+                live.update(job_table(current))
+                if all(job.is_terminal for job in current):
+                    break
+                await asyncio.sleep(0.1)
+        worker.shutdown()
+        await running
+        console.print()
+        dead = await bb.dead_letters(limit=5)
+        console.print(
+            f"{len(dead.jobs)} job(s) in the dead-letter queue (see them with"
+            " `backburner dlq ls` while `backburner serve` runs)"
+        )
+
+
+def register(cli: typer.Typer) -> None:
+    for command in (serve, api, worker, enqueue, demo):
+        cli.command()(command)

@@ -1,0 +1,203 @@
+"""The wire format, shared by both clients: what each call sends and how its answer is read.
+
+Nothing here does I/O. A method of a client builds a ``Call`` here, sends it (with retries)
+its own sync or async way, and hands the response back here to be checked and parsed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from .. import __version__
+from ..models import Event, JobStatus
+from ._errors import invalid_response, raise_for_error
+from .models import Submission
+from .sse import ServerSentEvent
+
+M = TypeVar("M", bound=BaseModel)
+
+USER_AGENT = f"backburner-client/{__version__}"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API request, and whether repeating it is safe."""
+
+    method: str
+    path: str
+    params: dict[str, str | int] = field(default_factory=dict)
+    json: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    idempotent: bool = True
+    task_id: str | None = None  # for JobNotFoundError.task_id
+    key: str | None = None  # the Idempotency-Key sent
+    key_generated: bool = False  # ... made up by the client, so only its own repeats match
+
+    def build(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        return http.build_request(
+            self.method, self.path, params=self.params, json=self.json, headers=self.headers
+        )
+
+
+def default_headers(api_key: str | None) -> dict[str, str]:
+    headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def task_path(task_id: str, suffix: str = "") -> str:
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError(f"task_id must be a non-empty string, got {task_id!r}")
+    return f"/v1/tasks/{quote(task_id, safe='')}{suffix}"
+
+
+def _options(**values: Any) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _keyed(path: str, body: dict[str, Any], key: str | None) -> Call:
+    generated = key is None
+    key = uuid.uuid4().hex if key is None else key
+    return Call(
+        "POST", path, json=body, headers={"Idempotency-Key": key}, key=key, key_generated=generated
+    )
+
+
+def submit_call(
+    type: str,
+    input: Mapping[str, Any] | None,
+    *,
+    priority: int | None,
+    webhook_url: str | None,
+    metadata: Mapping[str, Any] | None,
+    max_attempts: int | None,
+    timeout_s: float | None,
+    ttl_s: float | None,
+    delay_s: float | None,
+    idempotency_key: str | None,
+) -> Call:
+    body = _options(
+        type=type,
+        input=dict(input) if input is not None else None,
+        priority=priority,
+        webhook_url=webhook_url,
+        metadata=dict(metadata) if metadata is not None else None,
+        max_attempts=max_attempts,
+        timeout_s=timeout_s,
+        ttl_s=ttl_s,
+        delay_s=delay_s,
+    )
+    return _keyed("/v1/tasks", body, idempotency_key)
+
+
+def generate_call(
+    prompt: str | None,
+    *,
+    messages: Sequence[Mapping[str, str]] | None,
+    model: str | None,
+    max_tokens: int,
+    temperature: float | None,
+    priority: int | None,
+    webhook_url: str | None,
+    metadata: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+) -> Call:
+    body = _options(
+        prompt=prompt,
+        messages=[dict(m) for m in messages] if messages is not None else None,
+        model=model,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        priority=priority,
+        webhook_url=webhook_url,
+        metadata=dict(metadata) if metadata is not None else None,
+    )
+    return _keyed("/v1/generate", body, idempotency_key)
+
+
+def get_call(task_id: str) -> Call:
+    return Call("GET", task_path(task_id), task_id=task_id)
+
+
+def list_call(
+    status: JobStatus | str | None, type: str | None, limit: int, cursor: str | None
+) -> Call:
+    params: dict[str, str | int] = _options(
+        status=str(status) if status is not None else None, type=type, cursor=cursor
+    )
+    params["limit"] = limit
+    return Call("GET", "/v1/tasks", params=params)
+
+
+def cancel_call(task_id: str) -> Call:
+    # Cancelling is idempotent on the server: a repeat answers the same job view.
+    return Call("POST", task_path(task_id, "/cancel"), task_id=task_id)
+
+
+def delete_call(task_id: str) -> Call:
+    return Call("DELETE", task_path(task_id), task_id=task_id)
+
+
+def dead_letters_call(limit: int, cursor: str | None) -> Call:
+    params: dict[str, str | int] = _options(cursor=cursor)
+    params["limit"] = limit
+    return Call("GET", "/v1/dlq", params=params)
+
+
+def replay_call(task_id: str) -> Call:
+    # Not idempotent: a replay that landed but whose answer was lost would fail the repeat.
+    path = f"/v1/dlq/{quote(task_id, safe='')}/replay"
+    return Call("POST", path, idempotent=False, task_id=task_id)
+
+
+def stats_call() -> Call:
+    return Call("GET", "/v1/stats")
+
+
+def stream_headers(last_seq: int | None) -> dict[str, str]:
+    headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+    if last_seq is not None:
+        headers["Last-Event-ID"] = str(last_seq)
+    return headers
+
+
+def parse(model: type[M], response: httpx.Response, call: Call) -> M:
+    """Raise the typed error of an error answer, else read the body as ``model``."""
+    raise_for_error(response, task_id=call.task_id, key=call.key)
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise invalid_response(response, exc) from exc
+
+
+def parse_submission(response: httpx.Response, call: Call) -> Submission:
+    raise_for_error(response, task_id=call.task_id, key=call.key)
+    # 202: created now. 200 under a key the client made up: created by an earlier try of
+    # this very call whose answer was lost (nobody else knows the key).
+    created = response.status_code == 202 or call.key_generated
+    try:
+        data = response.json()
+        if not isinstance(data, dict):
+            raise TypeError("the answer is not a JSON object")
+        return Submission.model_validate({**data, "created": created})
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise invalid_response(response, exc) from exc
+
+
+def parse_no_content(response: httpx.Response, call: Call) -> None:
+    raise_for_error(response, task_id=call.task_id, key=call.key)
+
+
+def parse_event(message: ServerSentEvent, response: httpx.Response) -> Event:
+    try:
+        return Event.model_validate_json(message.data)
+    except ValidationError as exc:
+        raise invalid_response(response, f"event {message.id}: {exc}") from exc

@@ -1,0 +1,48 @@
+"""What the client returns: the API's own response models, so the two cannot drift."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ..api.schemas import Accepted, JobView, StatsView
+from ..models import TERMINAL_STATUSES, Event, JobStatus
+
+__all__ = ["Event", "JobStatus", "Stats", "Submission", "Task", "TaskPage", "is_terminal_event"]
+
+
+class Task(JobView):
+    """A job as ``GET /v1/tasks/{id}`` shows it (the API's ``JobView``)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the job is completed, failed or cancelled: nothing changes it again."""
+        return self.status in TERMINAL_STATUSES
+
+
+class Submission(Accepted):
+    """The answer to submit/generate: the task id and where to poll or stream it."""
+
+    created: bool = Field(
+        description="True if this call created the job; False if the Idempotency-Key given "
+        "had already created it (an idempotent repeat: the same job comes back)."
+    )
+
+
+class TaskPage(BaseModel):
+    """One page of a listing; pass ``next_cursor`` back as ``cursor`` for the next."""
+
+    data: list[Task]
+    next_cursor: str | None = None
+
+
+Stats = StatsView
+"""Queue depth by priority, jobs processing, DLQ size, workers seen lately."""
+
+
+def is_terminal_event(event: Event) -> bool:
+    """The event that ends a job's stream: a status change to a terminal status."""
+    return (
+        event.type == "status"
+        and isinstance(event.data, dict)
+        and event.data.get("status") in {s.value for s in TERMINAL_STATUSES}
+    )
