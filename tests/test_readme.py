@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -14,18 +15,59 @@ import pytest
 from backburner import Backburner, JobStatus
 
 from .helpers import running_worker
+from .live_server import live_server
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+README = (ROOT / "README.md").read_text()
+PYTHON = re.findall(r"```python\n(.*?)```", README, re.S)
+BASH = re.findall(r"```bash\n(.*?)```", README, re.S)
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def test_readme_has_the_examples() -> None:
-    assert len(BLOCKS) == 3
+def block(blocks: list[str], marker: str) -> str:
+    found = [b for b in blocks if marker in b]
+    assert len(found) == 1, f"expected one README block with {marker!r}"
+    return found[0]
+
+
+def test_every_python_example_is_covered() -> None:
+    markers = ("backburner.client import", "asyncio.run(main())", "class RateLimited", "req-42")
+    assert len(PYTHON) == len(markers)
+    for marker in markers:
+        block(PYTHON, marker)
+
+
+def test_curl_example_against_a_live_server(tmp_path: Path) -> None:
+    script = block(BASH, "curl -s -X POST")
+    with live_server(tmp_path) as server:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script.replace(DEFAULT_URL, server.url)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr
+    job_json, _, events = done.stdout.partition("retry: 1000")
+    assert json.loads(job_json)["type"] == "generate"
+    assert "event: token" in events and '"status":"completed"' in events
+
+
+def test_client_example_against_a_live_server(tmp_path: Path) -> None:
+    script = tmp_path / "client.py"
+    script.write_text(block(PYTHON, "backburner.client import").replace(DEFAULT_URL, "{url}"))
+    with live_server(tmp_path) as server:
+        script.write_text(script.read_text().replace("{url}", server.url))
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    tokens, status = done.stdout.strip().splitlines()
+    assert len(tokens.split()) == 12 and status == "completed"
 
 
 def test_quickstart_example_runs(tmp_path: Path) -> None:
     script = tmp_path / "quickstart.py"
-    script.write_text(BLOCKS[0])
+    script.write_text(block(PYTHON, "asyncio.run(main())"))
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
@@ -39,8 +81,8 @@ async def test_task_and_enqueue_examples_run(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "readme"}
-    for block in BLOCKS[1:]:
-        code = compile(block, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    for source in (block(PYTHON, "class RateLimited"), block(PYTHON, "req-42")):
+        code = compile(source, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         result = eval(code, namespace)
         if result is not None:
             await result
