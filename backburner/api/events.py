@@ -128,8 +128,13 @@ async def event_stream(
                 return
             if not events:
                 job = await backend.get(task_id)
-                if job is None or job.is_terminal:
-                    return  # deleted, or a resumed stream that has already seen the end
+                if job is None:
+                    return  # deleted (or expired) meanwhile
+                if job.is_terminal:
+                    # Its terminal event may have landed between our two reads: look again.
+                    if not await backend.events(task_id, after=sub.after, limit=1):
+                        return  # a resumed stream that has already seen the end
+                    continue
             try:
                 await asyncio.wait_for(sub.wake.wait(), keepalive_s)
             except TimeoutError:

@@ -253,9 +253,9 @@ class Worker:
             raise
         self._last_beat = issued
         for task_id, fence in held.items():
-            if renewed.get(task_id) != fence:
-                log.warning("job %s: lease lost; stopping it", task_id)
-                self.cancel_local(task_id, fence, LEASE_LOST)
+            # An attempt that finished during the round trip is not renewed, and not lost.
+            if renewed.get(task_id) != fence and self.cancel_local(task_id, fence, LEASE_LOST):
+                log.warning("job %s: lease lost; stopped it", task_id)
 
     async def _poll_cancels(self) -> None:
         signals = await self.app.backend.poll_cancellations(self.worker_id)

@@ -1,0 +1,237 @@
+"""Which requests are repeated, after what, and the typed errors, over a scripted transport."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from backburner.client import APIError, AsyncClient, Client, TransportError
+from backburner.client._http import Call
+from backburner.errors import (
+    BackendError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    QueueFullError,
+    UnknownTaskError,
+)
+
+from .support import FakeClock, error, job_view
+
+ACCEPTED = {
+    "task_id": "task_abc",
+    "status": "queued",
+    "estimated_time_sec": None,
+    "poll_url": "/v1/tasks/task_abc",
+    "stream_url": "/v1/tasks/task_abc/events",
+}
+
+Answer = httpx.Response | Exception
+
+
+class Script:
+    """Answers requests from a list, in order, and records them with the fake time."""
+
+    def __init__(self, clock: FakeClock, *answers: Answer) -> None:
+        self.clock = clock
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+        self.times: list[float] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        self.times.append(self.clock.now)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def refused() -> httpx.ConnectError:
+    return httpx.ConnectError("connection refused")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def scripted(clock: FakeClock) -> Callable[..., tuple[Client, Script]]:
+    made: list[Client] = []
+
+    def make(*answers: Answer, **options: Any) -> tuple[Client, Script]:
+        script = Script(clock, *answers)
+        client = Client(
+            "http://api.test",
+            transport=httpx.MockTransport(script),
+            sleep=clock.sleep,
+            clock=clock,
+            **options,
+        )
+        made.append(client)
+        return client, script
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def test_get_is_retried_on_503_honouring_retry_after(scripted: Any, clock: FakeClock) -> None:
+    client, script = scripted(
+        error(503, "backend_unavailable", "database is locked", **{"Retry-After": "2"}),
+        error(502, "http_error", "bad gateway"),
+        httpx.Response(200, json=job_view("completed")),
+    )
+    assert client.get("task_abc").status == "completed"
+    assert script.times == [0, 2, 3]  # Retry-After 2, then the backoff of a 2nd retry (1 s)
+
+
+def test_connection_errors_are_retried_then_raised(scripted: Any, clock: FakeClock) -> None:
+    client, script = scripted(refused(), refused(), refused(), refused())
+    with pytest.raises(TransportError, match="after 4 attempts") as raised:
+        client.get("task_abc")
+    assert isinstance(raised.value.__cause__, httpx.ConnectError)
+    assert clock.sleeps == [0.5, 1.0, 2.0]
+    assert len(script.requests) == 4
+
+
+def test_connection_error_then_success(scripted: Any) -> None:
+    client, script = scripted(httpx.ReadTimeout("slow"), httpx.Response(204))
+    client.delete("task_abc")
+    assert [r.method for r in script.requests] == ["DELETE", "DELETE"]
+
+
+def test_submit_retries_with_the_same_idempotency_key(scripted: Any) -> None:
+    client, script = scripted(
+        httpx.RemoteProtocolError("peer closed connection"),
+        error(503, "backend_unavailable", "busy", **{"Retry-After": "1"}),
+        httpx.Response(200, json=ACCEPTED),  # the first try had landed after all
+    )
+    job = client.submit("echo", {"text": "x"})
+    keys = {r.headers["Idempotency-Key"] for r in script.requests}
+    assert len(script.requests) == 3 and len(keys) == 1
+    assert job.created  # our own made-up key: only our earlier try can have created it
+    chosen, script2 = scripted(httpx.Response(200, json=ACCEPTED))
+    assert not chosen.submit("echo", idempotency_key="mine").created
+    assert script2.requests[0].headers["Idempotency-Key"] == "mine"
+
+
+def test_post_without_idempotency_key_is_never_retried(scripted: Any) -> None:
+    client, script = scripted(error(503, "backend_unavailable", "busy"), refused())
+    with pytest.raises(BackendError):
+        client.replay("task_abc")  # replay carries no key
+    assert len(script.requests) == 1
+    raw = Call("POST", "/v1/tasks", json={"type": "echo"}, idempotent=False)
+    with pytest.raises(TransportError):
+        client._send(raw)
+    assert len(script.requests) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 409, 413, 422, 500])
+def test_other_answers_are_not_retried(scripted: Any, status: int) -> None:
+    client, script = scripted(error(status, "whatever", "no"))
+    with pytest.raises(APIError):
+        client.get("task_abc")
+    assert len(script.requests) == 1
+
+
+def test_retry_after_beyond_the_bound_is_not_waited_for(scripted: Any, clock: FakeClock) -> None:
+    client, _ = scripted(error(429, "queue_full", "full", **{"Retry-After": "3600"}))
+    with pytest.raises(QueueFullError) as raised:
+        client.get("task_abc")
+    assert raised.value.retry_after == 3600 and clock.sleeps == []
+
+
+@pytest.mark.parametrize(
+    ("status", "type_", "classes"),
+    [
+        (404, "not_found", (JobNotFoundError,)),
+        (409, "idempotency_conflict", (IdempotencyConflictError,)),
+        (409, "invalid_state", (InvalidTransitionError,)),
+        (400, "invalid_json", (InvalidInputError,)),
+        (400, "invalid_body", (InvalidInputError,)),
+        (413, "body_too_large", (InvalidInputError,)),
+        (422, "invalid_request", (InvalidInputError,)),
+        (422, "unknown_task", (UnknownTaskError, InvalidInputError)),
+        (429, "queue_full", (QueueFullError,)),
+        (503, "backend_unavailable", (BackendError,)),
+        (500, "internal_error", ()),
+        (401, "unauthorized", ()),
+    ],
+)
+def test_errors_are_typed(
+    scripted: Any, status: int, type_: str, classes: tuple[type[Exception], ...]
+) -> None:
+    client, _ = scripted(*[error(status, type_, f"the {type_} message")] * 4)
+    with pytest.raises(APIError) as raised:
+        client.cancel("task_abc")
+    exc = raised.value
+    assert (exc.status, exc.type, exc.message, str(exc)) == (
+        status,
+        type_,
+        f"the {type_} message",
+        f"the {type_} message",
+    )
+    for cls in classes:
+        assert isinstance(exc, cls)
+    if not classes:
+        assert type(exc) is APIError
+
+
+def test_an_error_that_is_not_ours(scripted: Any) -> None:
+    page = httpx.Response(502, text="<html><h1>502 Bad Gateway</h1></html>")
+    client, _ = scripted(page, page, page, page)
+    with pytest.raises(APIError) as raised:
+        client.get("task_abc")
+    assert (raised.value.status, raised.value.type) == (502, "http_error")
+    assert "502 Bad Gateway" in raised.value.message
+
+
+def test_an_answer_that_does_not_parse(scripted: Any) -> None:
+    client, _ = scripted(httpx.Response(200, json={"task_id": 1}))
+    with pytest.raises(APIError) as raised:
+        client.get("task_abc")
+    assert raised.value.type == "invalid_response"
+
+
+def test_headers_and_paths(scripted: Any) -> None:
+    client, script = scripted(
+        httpx.Response(200, json=job_view()),
+        httpx.Response(200, json={"data": [job_view()], "next_cursor": None}),
+        api_key="sk-test",
+    )
+    client.get("../stats")
+    client.list(status="queued", type="echo", limit=5, cursor="c1")
+    first, second = script.requests
+    assert first.headers["Authorization"] == "Bearer sk-test"
+    assert first.headers["User-Agent"].startswith("backburner-client/")
+    assert first.url.raw_path == b"/v1/tasks/..%2Fstats"  # an id cannot escape its path
+    assert dict(second.url.params) == {
+        "status": "queued",
+        "type": "echo",
+        "cursor": "c1",
+        "limit": "5",
+    }
+
+
+async def test_async_client_retries_the_same_way(clock: FakeClock) -> None:
+    script = Script(
+        clock,
+        refused(),
+        error(503, "backend_unavailable", "busy", **{"Retry-After": "3"}),
+        httpx.Response(200, json=job_view("processing")),
+        error(503, "backend_unavailable", "busy"),
+    )
+    async with AsyncClient(
+        "http://api.test", transport=httpx.MockTransport(script), sleep=clock.asleep, clock=clock
+    ) as client:
+        assert (await client.get("task_abc")).status == "processing"
+        assert script.times == [0, 0.5, 3.5]
+        with pytest.raises(BackendError):
+            await client.replay("task_abc")
+        assert len(script.requests) == 4
