@@ -59,7 +59,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.api = api
-    install_error_handlers(app)
-    app.include_router(build_router(api))
+    router = build_router(api)
+    install_error_handlers(app, router.routes)
+    app.include_router(router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app

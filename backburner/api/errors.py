@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from ..errors import (
     BackburnerError,
@@ -66,7 +68,18 @@ class BodyTooLargeError(StarletteHTTPException):
         super().__init__(413, f"the request body is larger than {limit} bytes")
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def _allowed_methods(routes: Sequence[BaseRoute], path: str) -> list[str]:
+    methods: set[str] = set()
+    for route in routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(path):
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
+def install_error_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
+    """Map every error to the one shape; ``routes`` are the API's own (for 405's Allow)."""
+
     @app.exception_handler(BackburnerError)
     async def library_error(request: Request, exc: BackburnerError) -> JSONResponse:
         for cls, status, type_ in _MAPPING:
@@ -102,6 +115,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 400 and "parsing the body" in message:
             message = "the body is not valid UTF-8 JSON (or nests too deeply to parse)"
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route that matched the path only.
+            allowed = _allowed_methods(routes, request.url.path)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            message = f"{request.method} is not allowed here; use {' or '.join(allowed)}"
         return error_response(exc.status_code, type_, message, headers)
 
     @app.exception_handler(Exception)

@@ -35,6 +35,12 @@ REPEAT: dict[int | str, dict[str, Any]] = {
 SSE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "the event stream"}
 }
+MAX_SEQ = 10**18 - 1
+_EVENT_ID = re.compile(r"[0-9]{1,18}")
+Cursor = Annotated[
+    str | None,
+    Query(pattern=r"^[0-9]{1,18}$", description="next_cursor from the previous page."),
+]
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
 
 IdempotencyKey = Annotated[
@@ -204,7 +210,7 @@ def build_router(api: Api) -> APIRouter:
         status: JobStatus | None = None,
         type: Annotated[str | None, Query(max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-        cursor: Annotated[str | None, Query(max_length=100)] = None,
+        cursor: Cursor = None,
     ) -> JobList:
         """Jobs, newest first; follow next_cursor for more."""
         page = await bb.list(status=status, type=type, limit=limit, cursor=cursor)
@@ -224,14 +230,16 @@ def build_router(api: Api) -> APIRouter:
     async def stream_events(
         task_id: str,
         last_event_id: LastEventId = None,
-        after: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
+        after: Annotated[
+            int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq.")
+        ] = None,
     ) -> StreamingResponse:
         """Server-sent events: the job's log from the start (or after Last-Event-ID / ?after=),
         then live until its terminal event; a keep-alive comment every 15 s."""
         await bb.get(task_id)  # 404 before the stream starts
         start = after or 0
         if last_event_id is not None:
-            if not last_event_id.strip().isdigit():
+            if not _EVENT_ID.fullmatch(last_event_id.strip()):
                 raise InvalidInputError("Last-Event-ID must be an event id (a number)")
             start = int(last_event_id)
         stream = event_stream(api.hub, task_id, start, keepalive_s=settings.sse_keepalive_s)
@@ -266,7 +274,7 @@ def build_router(api: Api) -> APIRouter:
     @router.get("/v1/dlq", response_model=JobList, responses=documented(422, 503), tags=["dlq"])
     async def dead_letters(
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-        cursor: Annotated[str | None, Query(max_length=100)] = None,
+        cursor: Cursor = None,
     ) -> JobList:
         """Failed jobs, newest first, each with its attempt history."""
         page = await bb.dead_letters(limit=limit, cursor=cursor)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..models import AttemptRecord, ErrorInfo, Job, JobStatus, Progress, Usage
 
 Priority = Field(default=None, ge=-100, le=100, description="Higher runs first (-100..100).")
+WebhookUrl = Field(default=None, max_length=2048, pattern=r"^https?://")
 
 
 class TaskCreate(BaseModel):
@@ -19,7 +20,7 @@ class TaskCreate(BaseModel):
     type: str = Field(min_length=1, max_length=200, description="A registered task name.")
     input: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
     priority: int | None = Priority
-    webhook_url: str | None = Field(default=None, max_length=2048)
+    webhook_url: str | None = WebhookUrl
     metadata: dict[str, Any] = Field(default_factory=dict)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
@@ -45,7 +46,7 @@ class GenerateCreate(BaseModel):
     max_tokens: int = Field(default=256, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     priority: int | None = Priority
-    webhook_url: str | None = Field(default=None, max_length=2048)
+    webhook_url: str | None = WebhookUrl
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

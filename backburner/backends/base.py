@@ -13,12 +13,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import InvalidInputError
 from ..models import ErrorInfo, Event, Job, JobStatus, Progress
+
+CURSOR = re.compile(r"[0-9]{1,18}")
+"""What a listing cursor looks like: the position of the last job of a page."""
+
+
+def parse_cursor(cursor: str | None) -> int | None:
+    """The position a cursor names; InvalidInputError for one no backend hands out."""
+    if cursor is None:
+        return None
+    if not CURSOR.fullmatch(cursor):
+        raise InvalidInputError(f"invalid cursor {cursor!r}")
+    return int(cursor)
 
 
 def new_task_id() -> str:

@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from ..errors import (
     BackendError,
     IdempotencyConflictError,
-    InvalidInputError,
     InvalidTransitionError,
     JobNotFoundError,
     LeaseLostError,
@@ -26,7 +25,18 @@ from ..errors import (
 )
 from ..jsoncodec import check_usage, round_trip
 from ..models import AttemptRecord, ErrorInfo, Event, Job, JobStatus, Progress, Usage
-from .base import Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats, WorkerInfo
+from .base import (
+    Complete,
+    Fail,
+    NewJob,
+    Outcome,
+    Page,
+    Release,
+    RetryAt,
+    Stats,
+    WorkerInfo,
+    parse_cursor,
+)
 
 
 def _json_copy(value: Any) -> Any:
@@ -149,10 +159,7 @@ class MemoryBackend:
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        try:
-            below = int(cursor) if cursor is not None else None
-        except ValueError:
-            raise InvalidInputError(f"invalid cursor {cursor!r}") from None
+        below = parse_cursor(cursor)
         matches = sorted(
             (
                 s

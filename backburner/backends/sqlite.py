@@ -33,6 +33,7 @@ from .base import (
     Page,
     Stats,
     WorkerInfo,
+    parse_cursor,
 )
 from .sqlite_executor import SQLiteExecutor
 from .sqlite_outcomes import EncodedJSON, outcome_update
@@ -198,12 +199,10 @@ class SQLiteBackend:
         if type is not None:
             clauses.append("type = ?")
             params.append(type)
-        if cursor is not None:
-            try:
-                clauses.append("seq < ?")
-                params.append(int(cursor))
-            except ValueError:
-                raise InvalidInputError(f"invalid cursor {cursor!r}") from None
+        below = parse_cursor(cursor)
+        if below is not None:
+            clauses.append("seq < ?")
+            params.append(below)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
         params.append(limit + 1)
