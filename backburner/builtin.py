@@ -44,7 +44,8 @@ def install_builtin_tasks(bb: Backburner, provider: SimulatedProvider | None = N
             if first_token_s is None:
                 first_token_s = time.monotonic() - started
             parts.append(delta)
-            await ctx.emit("token", {"text": delta})
+            # The attempt lets a reader tell a retry's tokens (which start over) from the rest.
+            await ctx.emit("token", {"text": delta, "attempt": ctx.attempt})
             if len(parts) % 8 == 0:
                 await ctx.progress(100 * len(parts) / max_tokens, f"{len(parts)} tokens")
         elapsed = time.monotonic() - started

@@ -102,6 +102,15 @@ class Job(BaseModel):
         return self.status in TERMINAL_STATUSES
 
 
+def is_terminal_event(event: Event) -> bool:
+    """The event that ends a job's log (until a replay): a change to a terminal status."""
+    return (
+        event.type == "status"
+        and isinstance(event.data, dict)
+        and event.data.get("status") in TERMINAL_STATUSES
+    )
+
+
 class Event(BaseModel):
     """One entry of a job's ordered event log; ``seq`` grows by one per job."""
 

@@ -54,7 +54,8 @@ class Settings:
     """Deepest nesting of objects and arrays accepted in a request body."""
     max_prompt_chars: int = 100_000
     """Longest prompt (or all messages together) POST /v1/generate accepts."""
-    max_tokens_limit: int = 32_768
+    max_tokens_limit: int = 4096
+    """Largest max_tokens POST /v1/generate accepts."""
     sse_keepalive_s: float = 15.0
     """How often an idle event stream sends a keep-alive comment."""
 

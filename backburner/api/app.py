@@ -25,6 +25,7 @@ def create_app(
     *,
     backburner: Backburner | None = None,
     run_worker: bool = False,
+    worker_concurrency: int | None = None,
 ) -> FastAPI:
     """The HTTP API over ``backburner`` (default: the built-in tasks on settings.backend_url).
 
@@ -41,7 +42,7 @@ def create_app(
         worker_task: asyncio.Task[None] | None = None
         worker = None
         if run_worker:
-            worker = bb.worker()
+            worker = bb.worker(concurrency=worker_concurrency or settings.concurrency)
             worker_task = asyncio.create_task(worker.run())
         try:
             yield

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from ..backends import Backend
-from ..models import TERMINAL_STATUSES, Event
+from ..models import Event, is_terminal_event
 
 log = logging.getLogger("backburner.api.events")
 
@@ -37,14 +37,18 @@ class EventHub:
         self.backend = backend
         self.idle_timeout_s = idle_timeout_s
         self._subs: dict[str, set[Subscription]] = {}
+        self._heads: dict[str, int] = {}
+        """The latest seq seen per job: the hub waits past it, whoever lags behind."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def subscriptions(self) -> int:
+        """How many streams are open in this process."""
         return sum(len(subs) for subs in self._subs.values())
 
     def subscribe(self, task_id: str, after: int) -> Subscription:
+        """Follow ``task_id`` from seq ``after``; ``sub.wake`` is set when there is more."""
         sub = Subscription(task_id, after)
         self._subs.setdefault(task_id, set()).add(sub)
         self._changed.set()
@@ -53,14 +57,17 @@ class EventHub:
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
+        """Stop following (a stream ended or its client went away)."""
         subs = self._subs.get(sub.task_id)
         if subs is not None:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.task_id]
+                self._heads.pop(sub.task_id, None)
         self._changed.set()
 
     async def close(self) -> None:
+        """Stop the hub's task (on application shutdown)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -69,7 +76,12 @@ class EventHub:
     async def _run(self) -> None:
         while self._subs:
             self._changed.clear()
-            after = {task_id: min(s.after for s in subs) for task_id, subs in self._subs.items()}
+            # Wait past what we have already seen, not past the slowest stream's position:
+            # a stream stuck on a slow client must not make this loop spin.
+            after = {
+                task_id: max(min(s.after for s in subs), self._heads.get(task_id, 0))
+                for task_id, subs in self._subs.items()
+            }
             waiting = asyncio.ensure_future(
                 self.backend.wait_for_events(after, timeout=self.idle_timeout_s)
             )
@@ -90,22 +102,18 @@ class EventHub:
                 log.exception("waiting for events failed; retrying")
                 await asyncio.sleep(0.5)
                 grown = dict.fromkeys(self._subs, 0)  # let every stream look for itself
-            for task_id in grown:
+            for task_id, head in grown.items():
+                if task_id in self._subs:
+                    self._heads[task_id] = head
                 for sub in self._subs.get(task_id, ()):
-                    sub.wake.set()
+                    if sub.after < head or head == 0:  # behind, or the job is gone
+                        sub.wake.set()
 
 
 def format_event(event: Event) -> str:
+    """One SSE message: ``id`` is the event's seq, ``event`` its type, ``data`` the event."""
     payload = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
     return f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
-
-
-def is_terminal(event: Event) -> bool:
-    return (
-        event.type == "status"
-        and isinstance(event.data, dict)
-        and event.data.get("status") in TERMINAL_STATUSES
-    )
 
 
 async def event_stream(
@@ -124,7 +132,7 @@ async def event_stream(
                 sub.after = event.seq
             if len(events) == BATCH:
                 continue
-            if events and is_terminal(events[-1]):
+            if events and is_terminal_event(events[-1]):
                 return
             if not events:
                 job = await backend.get(task_id)

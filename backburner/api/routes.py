@@ -13,7 +13,7 @@ from ..backends.base import fingerprint
 from ..builtin import GENERATE, format_messages
 from ..errors import InvalidInputError
 from ..jsoncodec import depth
-from ..models import JobStatus
+from ..models import Job, JobStatus
 from ..settings import Settings
 from .errors import documented
 from .estimates import DurationEstimator, poll_after
@@ -65,11 +65,8 @@ class Api:
         self.estimator = DurationEstimator(bb)
         self.hub = EventHub(bb.backend)
 
-    async def view(self, job_id: str, response: Response | None = None) -> JobView:
-        job = await self.bb.get(job_id)
+    async def view_of(self, job: Job) -> JobView:
         typical, remaining = await self.estimator.for_job(job)
-        if response is not None and not job.is_terminal:
-            response.headers["Retry-After"] = str(poll_after(remaining))
         return JobView.of(job, estimate=typical, remaining=remaining)
 
     def check_json(self, *values: Any) -> None:
@@ -137,6 +134,7 @@ def build_router(api: Api) -> APIRouter:
             body.input,
             body.model_dump(mode="json"),
             key,
+            model=body.input.get("model") if isinstance(body.input.get("model"), str) else None,
             priority=body.priority,
             webhook_url=body.webhook_url,
             metadata=body.metadata,
@@ -195,14 +193,13 @@ def build_router(api: Api) -> APIRouter:
     )
     async def get_task(task_id: str) -> Response:
         """The job, with a poll hint: Retry-After and estimated_remaining_sec."""
-        hints = Response()
-        view = await api.view(task_id, hints)
-        retry_after = hints.headers.get("Retry-After")
+        view = await api.view_of(await bb.get(task_id))
+        hint = None if view.status.is_terminal else str(poll_after(view.estimated_remaining_sec))
         # Already a valid model: serialise it once, skipping FastAPI's second validation.
         return Response(
             view.model_dump_json(),
             media_type="application/json",
-            headers={"Retry-After": retry_after} if retry_after else None,
+            headers={"Retry-After": hint} if hint else None,
         )
 
     @router.get("/v1/tasks", response_model=JobList, responses=documented(422, 503), tags=["tasks"])
@@ -238,7 +235,7 @@ def build_router(api: Api) -> APIRouter:
         then live until its terminal event; a keep-alive comment every 15 s."""
         await bb.get(task_id)  # 404 before the stream starts
         start = after or 0
-        if last_event_id is not None:
+        if last_event_id is not None and last_event_id.strip():  # empty: from the start
             if not _EVENT_ID.fullmatch(last_event_id.strip()):
                 raise InvalidInputError("Last-Event-ID must be an event id (a number)")
             start = int(last_event_id)
@@ -257,8 +254,8 @@ def build_router(api: Api) -> APIRouter:
     )
     async def cancel_task(task_id: str) -> JobView:
         """Cancel now (idempotent): a queued job never runs, a running one stops within 1 s."""
-        await bb.cancel(task_id)
-        return await api.view(task_id)
+        job = await bb.cancel(task_id)
+        return await api.view_of(job)
 
     @router.delete(
         "/v1/tasks/{task_id}",
@@ -289,8 +286,8 @@ def build_router(api: Api) -> APIRouter:
     )
     async def replay(task_id: str) -> JobView:
         """Re-queue a failed job with a fresh attempt budget; its history is kept."""
-        await bb.replay(task_id)
-        return await api.view(task_id)
+        job = await bb.replay(task_id)
+        return await api.view_of(job)
 
     @router.get("/v1/stats", response_model=StatsView, responses=documented(503), tags=["ops"])
     async def stats() -> StatsView:

@@ -22,8 +22,6 @@ from ..settings import Settings
 
 T = TypeVar("T")
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-
 BackendOption = Annotated[
     str | None,
     typer.Option("--backend", "-b", help="Backend URL [env BACKBURNER_BACKEND_URL]."),
@@ -77,12 +75,14 @@ def settings_for(backend: str | None = None, **overrides: Any) -> Settings:
 def load_app(path: str | None, settings: Settings, backend: str | None = None) -> Backburner:
     """Import ``module:attribute`` (a Backburner) the way uvicorn imports an app.
 
-    None gives a Backburner with only the built-in tasks, on ``settings``.
+    None gives a Backburner with only the built-in tasks, on ``settings``. Either way the
+    built-in tasks are added (unless the app has its own of the same name), so an API and its
+    workers agree on what they can run.
     """
+    from ..builtin import install_builtin_tasks
+
     try:
         if path is None:
-            from ..builtin import install_builtin_tasks
-
             app = Backburner(settings=settings)
             install_builtin_tasks(app)
             return app
@@ -100,6 +100,7 @@ def load_app(path: str | None, settings: Settings, backend: str | None = None) -
             raise ConfigurationError(f"{path!r} is not a Backburner instance")
         if backend is not None:
             found.backend = backend_from_url(backend, max_queue_size=found.settings.max_queue_size)
+        install_builtin_tasks(found)
         return found
     except BackburnerError as exc:
         raise fail(str(exc), 2) from None

@@ -69,8 +69,12 @@ def _why(task: Any) -> str:
 
 def _print_tokens(client: Any, task_id: str) -> None:
     console = out()
+    attempt = None
     for event in client.stream(task_id):
         if event.type == "token" and isinstance(event.data, dict):
+            if attempt is not None and event.data.get("attempt") != attempt:
+                console.print("\n[retried: the text starts over]", highlight=False, markup=False)
+            attempt = event.data.get("attempt")
             console.print(event.data.get("text", ""), end="", highlight=False, markup=False)
 
 

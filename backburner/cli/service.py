@@ -69,8 +69,18 @@ def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: 
         highlight=False,
         soft_wrap=True,
     )
-    app = create_app(settings, backburner=bb, run_worker=run_worker)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=level.lower())
+    app = create_app(
+        settings, backburner=bb, run_worker=run_worker, worker_concurrency=settings.concurrency
+    )
+    # Open event streams would hold a shutdown for as long as their jobs run: after a few
+    # seconds they are closed, and their clients resume (Last-Event-ID) elsewhere.
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=level.lower(),
+        timeout_graceful_shutdown=5,
+    )
 
 
 def serve(

@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from .. import __version__
+from ..errors import InvalidInputError
 from ..models import Event, JobStatus
 from ._errors import invalid_response, raise_for_error
 from .models import Submission
@@ -55,7 +56,7 @@ def default_headers(api_key: str | None) -> dict[str, str]:
 
 def task_path(task_id: str, suffix: str = "") -> str:
     if not isinstance(task_id, str) or not task_id:
-        raise ValueError(f"task_id must be a non-empty string, got {task_id!r}")
+        raise InvalidInputError(f"task_id must be a non-empty string, got {task_id!r}")
     return f"/v1/tasks/{quote(task_id, safe='')}{suffix}"
 
 

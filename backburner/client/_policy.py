@@ -94,12 +94,12 @@ def poll_delay(
 ) -> float:
     """How long wait() sleeps after its ``polls``-th look at an unfinished job.
 
-    The server's Retry-After hint wins whenever it sends one, longer or shorter than the
-    backoff; without a hint the delay doubles from ``interval`` up to ``max_interval``.
+    The delay doubles from ``interval`` up to ``max_interval``; the server's Retry-After hint
+    is honoured as a floor (never poll sooner than it asks), so a long job is not polled
+    every second just because the server's estimate ran out.
     """
-    if retry_after is not None:
-        return retry_after
-    return min(max_interval, interval * 2.0 ** min(polls, _MAX_EXPONENT))
+    backoff = min(max_interval, interval * 2.0 ** min(polls, _MAX_EXPONENT))
+    return backoff if retry_after is None else max(backoff, retry_after)
 
 
 def reconnect_backoff(

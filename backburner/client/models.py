@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from ..api.schemas import Accepted, JobView, StatsView
-from ..models import TERMINAL_STATUSES, Event, JobStatus
+from ..models import TERMINAL_STATUSES, Event, JobStatus, is_terminal_event
 
 __all__ = ["Event", "JobStatus", "Stats", "Submission", "Task", "TaskPage", "is_terminal_event"]
 
@@ -37,12 +37,3 @@ class TaskPage(BaseModel):
 
 Stats = StatsView
 """Queue depth by priority, jobs processing, DLQ size, workers seen lately."""
-
-
-def is_terminal_event(event: Event) -> bool:
-    """The event that ends a job's stream: a status change to a terminal status."""
-    return (
-        event.type == "status"
-        and isinstance(event.data, dict)
-        and event.data.get("status") in {s.value for s in TERMINAL_STATUSES}
-    )

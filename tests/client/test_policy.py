@@ -52,11 +52,11 @@ def test_parse_retry_after() -> None:
     assert parse_retry_after(date, now=1_000_000) == 30.0
 
 
-def test_poll_delay_backs_off_and_the_hint_wins() -> None:
+def test_poll_delay_backs_off_and_the_hint_is_a_floor() -> None:
     delays = [poll_delay(n, None, interval=1, max_interval=30) for n in range(8)]
     assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
     assert poll_delay(0, 5, interval=1, max_interval=30) == 5  # longer than the backoff
-    assert poll_delay(4, 1, interval=1, max_interval=30) == 1  # shorter than the backoff
+    assert poll_delay(4, 1, interval=1, max_interval=30) == 16  # shorter than the backoff
     assert poll_delay(10_000, None, interval=1, max_interval=30) == 30
 
 

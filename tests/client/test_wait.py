@@ -49,20 +49,20 @@ def test_backoff_doubles_to_the_cap_without_hints() -> None:
     assert gaps(job.times) == [1, 2, 4, 8, 16, 30, 30]  # 1, 2, 4 ... capped at 30 s
 
 
-def test_the_servers_hint_wins_over_the_backoff() -> None:
+def test_the_servers_hint_is_a_floor_under_the_backoff() -> None:
     clock = FakeClock()
     job = Job(
         clock,
         ("queued", None),  # no hint: backoff 1
         ("queued", "5"),  # the hint asks more than the backoff (2): 5
         ("processing", None),  # backoff 4
-        ("processing", "1"),  # the hint asks less than the backoff (8): 1
+        ("processing", "1"),  # the hint asks less than the backoff (8): still 8
         ("processing", None),  # backoff 16
         ("completed", None),
     )
     with client_for(job, clock) as client:
         seen = [task.status.value for task in client.poll("task_abc")]
-    assert gaps(job.times) == [1, 5, 4, 1, 16]
+    assert gaps(job.times) == [1, 5, 4, 8, 16]
     assert seen == ["queued", "queued", "processing", "processing", "processing", "completed"]
 
 
