@@ -15,13 +15,9 @@ Prints a table (min / median over runs) and writes bench/results/engine.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
-import platform
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +27,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import report  # noqa: E402  (bench/report.py, beside this file)
+from report import summarise  # noqa: E402
 
 from backburner import Backburner, Hooks, Job, JobContext, Settings  # noqa: E402
 
@@ -192,38 +191,19 @@ def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
                 url = f"sqlite:///{tmp}/bench.db"
                 for key, value in asyncio.run(SCENARIOS[name](url)).items():
                     samples.setdefault(key, []).append(value)
-    return {
-        key: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": len(v)}
-        for key, v in samples.items()
-    }
+    return summarise(samples)
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_worker":
         asyncio.run(child_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", default=",".join(SCENARIOS))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
-    args = parser.parse_args()
-    names = [n for n in args.only.split(",") if n]
-    unknown = set(names) - set(SCENARIOS)
-    if unknown:
-        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    results = run_all(names, args.runs)
-    print(f"{'metric':32} {'min':>10} {'median':>10} {'max':>10}")
-    for key, r in results.items():
-        print(f"{key:32} {r['min']:10.2f} {r['median']:10.2f} {r['max']:10.2f}")
-    meta = {
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    print(f"wrote {args.out}")
+    report.main(
+        (__doc__ or "").splitlines()[0],
+        list(SCENARIOS),
+        ROOT / "bench" / "results" / "engine.json",
+        run_all,
+    )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,20 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from backburner import Backburner
+from backburner import Backburner, Settings
 from backburner.worker import Worker
+
+WORKER_TEST_SETTINGS = Settings(
+    backend_url="memory://",
+    cancel_poll_s=0.05,
+    sweep_interval_s=0.05,
+    heartbeat_s=0.1,
+    lease_s=5.0,
+    retry_base_s=0.01,
+    retry_cap_s=0.05,
+    idle_wait_s=0.5,
+)
+"""Fast periodic duties and short backoff, for tests of the worker runtime."""
 
 
 async def eventually(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -15,10 +17,16 @@ from .common import UrlOption, fail, job_table, out, print_json
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _client(url: str) -> Any:
+@contextmanager
+def _session(url: str) -> Iterator[Any]:
+    """A client for ``url``; any backburner error becomes the one-line CLI error."""
     from ..client import Client
 
-    return Client(url)
+    try:
+        with Client(url) as client:
+            yield client
+    except BackburnerError as exc:
+        raise fail(str(exc)) from None
 
 
 def _dump(task: Any) -> Any:
@@ -37,22 +45,17 @@ def submit(
     """Submit a generation; print its id, or follow it with --wait or --stream."""
     if wait and stream:
         raise fail("give --wait or --stream, not both", 2)
-    try:
-        with _client(url) as client:
-            submission = client.generate(
-                prompt, model=model, max_tokens=max_tokens, priority=priority
-            )
-            task_id = submission.task_id
-            if not (wait or stream):
-                print_json(submission.model_dump(mode="json"))
-                return
-            if stream:
-                _print_tokens(client, task_id)
-            else:
-                _progress_bar(client, task_id)
-            task = client.get(task_id)
-    except BackburnerError as exc:
-        raise fail(str(exc)) from None
+    with _session(url) as client:
+        submission = client.generate(prompt, model=model, max_tokens=max_tokens, priority=priority)
+        task_id = submission.task_id
+        if not (wait or stream):
+            print_json(submission.model_dump(mode="json"))
+            return
+        if stream:
+            _print_tokens(client, task_id)
+        else:
+            _progress_bar(client, task_id)
+        task = client.get(task_id)
     if stream:
         out().print()
         if task.status != JobStatus.COMPLETED:
@@ -98,20 +101,14 @@ def _progress_bar(client: Any, task_id: str) -> None:
 
 def status(task_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Print a task."""
-    try:
-        with _client(url) as client:
-            print_json(_dump(client.get(task_id)))
-    except BackburnerError as exc:
-        raise fail(str(exc)) from None
+    with _session(url) as client:
+        print_json(_dump(client.get(task_id)))
 
 
 def cancel(task_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Cancel a task (idempotent) and print it."""
-    try:
-        with _client(url) as client:
-            print_json(_dump(client.cancel(task_id)))
-    except BackburnerError as exc:
-        raise fail(str(exc)) from None
+    with _session(url) as client:
+        print_json(_dump(client.cancel(task_id)))
 
 
 def tasks(
@@ -124,11 +121,8 @@ def tasks(
     """List tasks, newest first."""
     if status is not None and status not in {s.value for s in JobStatus}:
         raise fail(f"unknown status {status!r}", 2)
-    try:
-        with _client(url) as client:
-            page = client.list(status=status, type=type, limit=limit)
-    except BackburnerError as exc:
-        raise fail(str(exc)) from None
+    with _session(url) as client:
+        page = client.list(status=status, type=type, limit=limit)
     _show(page.data, as_json)
 
 
@@ -145,21 +139,15 @@ def dlq_ls(
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
 ) -> None:
     """List failed tasks with their last error."""
-    try:
-        with _client(url) as client:
-            page = client.dead_letters(limit=limit)
-    except BackburnerError as exc:
-        raise fail(str(exc)) from None
+    with _session(url) as client:
+        page = client.dead_letters(limit=limit)
     _show(page.data, as_json)
 
 
 def dlq_replay(task_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Re-queue a failed task with a fresh attempt budget (its history is kept)."""
-    try:
-        with _client(url) as client:
-            print_json(_dump(client.replay(task_id)))
-    except BackburnerError as exc:
-        raise fail(str(exc)) from None
+    with _session(url) as client:
+        print_json(_dump(client.replay(task_id)))
 
 
 def register(cli: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backburner import Backburner, Hooks, Job, PermanentError, Retry, Settings, current_job
+from backburner import Backburner, Hooks, Job, PermanentError, Retry, current_job
 from backburner.backends import Backend
 from backburner.clock import ManualClock
 from backburner.context import JobContext
@@ -16,18 +16,9 @@ from backburner.errors import LeaseLostError
 from backburner.models import ErrorInfo, JobStatus
 from backburner.worker import Worker
 
-from ..helpers import eventually, running_worker
+from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
 
-FAST = Settings(
-    backend_url="memory://",
-    cancel_poll_s=0.05,
-    sweep_interval_s=0.05,
-    heartbeat_s=0.1,
-    lease_s=5.0,
-    retry_base_s=0.01,
-    retry_cap_s=0.05,
-    idle_wait_s=0.5,
-)
+FAST = WORKER_TEST_SETTINGS
 
 
 def make_app(backend: Backend, **changes: Any) -> Backburner:

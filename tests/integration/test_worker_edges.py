@@ -5,24 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from backburner import Backburner, Hooks, Job, Settings
+from backburner import Backburner, Hooks, Job
 from backburner.backends import Backend
 from backburner.backends.base import Outcome
 from backburner.context import JobContext
 from backburner.models import JobStatus
 
-from ..helpers import eventually, running_worker
+from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
 
-FAST = Settings(
-    backend_url="memory://",
-    cancel_poll_s=0.05,
-    sweep_interval_s=0.05,
-    heartbeat_s=0.1,
-    lease_s=1.0,
-    retry_base_s=0.01,
-    retry_cap_s=0.05,
-    idle_wait_s=0.5,
-)
+FAST = WORKER_TEST_SETTINGS.replace(lease_s=1.0)
 
 
 async def test_a_handler_raising_cancelled_error_is_an_ordinary_failure(backend: Backend) -> None:

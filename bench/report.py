@@ -1,0 +1,53 @@
+"""What every benchmark here shares: its command line, min/median/max over runs, a table, JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+Results = dict[str, dict[str, float]]
+
+
+def summarise(samples: dict[str, list[float]]) -> Results:
+    return {
+        key: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": len(v)}
+        for key, v in samples.items()
+    }
+
+
+def main(
+    description: str,
+    scenarios: Sequence[str],
+    default_out: Path,
+    run_all: Callable[[list[str], int], Results],
+) -> None:
+    """Parse --runs/--only/--out, run, print the table and write the JSON."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default=",".join(scenarios))
+    parser.add_argument("--out", default=str(default_out))
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    unknown = set(names) - set(scenarios)
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    results = run_all(names, args.runs)
+    width = max(len(key) for key in results) + 2
+    print(f"{'metric':{width}} {'min':>10} {'median':>10} {'max':>10}")
+    for key, r in results.items():
+        print(f"{key:{width}} {r['min']:10.2f} {r['median']:10.2f} {r['max']:10.2f}")
+    meta = {
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"wrote {args.out}")
