@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from ..app import Backburner
 
 SAMPLE = 50
+"""How many recent completions an estimate averages."""
+SCAN = 500
+"""How many recent completions of a type are read to find SAMPLE of one model."""
 FRESH_S = 5.0
 
 
@@ -29,7 +32,7 @@ class DurationEstimator:
         if cached is not None and now - cached[0] < FRESH_S:
             return cached[1]
         page = await self.bb.backend.list_jobs(
-            status=JobStatus.COMPLETED, type=task_type, limit=SAMPLE
+            status=JobStatus.COMPLETED, type=task_type, limit=SAMPLE if model is None else SCAN
         )
         durations = [
             job.finished_at - job.started_at
@@ -37,7 +40,7 @@ class DurationEstimator:
             if job.finished_at is not None
             and job.started_at is not None
             and (model is None or job.input.get("model") == model)
-        ]
+        ][:SAMPLE]
         value = round(sum(durations) / len(durations), 3) if durations else None
         if len(self._cache) > 10_000:
             self._cache.clear()

@@ -27,7 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 USER_AGENT = f"backburner-client/{__version__}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     """One API request, and whether repeating it is safe."""
 
@@ -40,6 +40,7 @@ class Call:
     task_id: str | None = None  # for JobNotFoundError.task_id
     key: str | None = None  # the Idempotency-Key sent
     key_generated: bool = False  # ... made up by the client, so only its own repeats match
+    sent: int = 0  # how many times it went out (more than once: it was retried)
 
     def build(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         return http.build_request(
@@ -194,6 +195,8 @@ def parse_submission(response: httpx.Response, call: Call) -> Submission:
 
 
 def parse_no_content(response: httpx.Response, call: Call) -> None:
+    if call.method == "DELETE" and call.sent > 1 and response.status_code == 404:
+        return  # an earlier try deleted it and its answer was lost: the delete happened
     raise_for_error(response, task_id=call.task_id, key=call.key)
 
 

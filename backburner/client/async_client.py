@@ -94,6 +94,7 @@ class AsyncClient:
         request = call.build(self._http)
         retry = 0
         while True:
+            call.sent += 1
             try:
                 response = await self._http.send(request)
             except httpx.TransportError as exc:

@@ -90,6 +90,7 @@ class Client:
         request = call.build(self._http)
         retry = 0
         while True:
+            call.sent += 1
             try:
                 response = self._http.send(request)
             except httpx.TransportError as exc:

@@ -235,3 +235,36 @@ async def test_async_client_retries_the_same_way(clock: FakeClock) -> None:
         with pytest.raises(BackendError):
             await client.replay("task_abc")
         assert len(script.requests) == 4
+
+
+def test_a_delete_whose_answer_was_lost_still_succeeds() -> None:
+    """First try: the server deletes, then the connection drops before the 204 arrives. The
+    retry then gets 404: the delete did happen, so it is not an error."""
+    answers = iter(["drop", 404])
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        answer = next(answers)
+        if answer == "drop":
+            raise httpx.ReadError("connection reset", request=request)
+        body = {"error": {"type": "not_found", "message": "no job with id 'task_x'"}}
+        return httpx.Response(404, json=body)
+
+    with Client(
+        "http://api.test", transport=httpx.MockTransport(handler), sleep=lambda s: None
+    ) as client:
+        client.delete("task_x")
+    assert seen == ["DELETE", "DELETE"]
+
+
+def test_a_delete_of_a_missing_job_is_not_found() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"type": "not_found", "message": "no job with id 'task_x'"}}
+        return httpx.Response(404, json=body)
+
+    with (
+        Client("http://api.test", transport=httpx.MockTransport(handler)) as client,
+        pytest.raises(JobNotFoundError),
+    ):
+        client.delete("task_x")
