@@ -382,10 +382,14 @@ async def test_lost_lease_stops_the_job_and_fences_its_writes(backend: Backend) 
 
         async def taken_over() -> bool:
             # Each pass makes every lease look expired; a heartbeat may renew it first, so
-            # repeat until the sweeper has re-queued the job (fence 2 is the next claim).
+            # repeat until the sweeper has taken the job from attempt 1. Look before moving
+            # the clock: moving it once more would expire attempt 2's lease as well.
+            current = await bb.get(job.task_id)
+            if current.fence > 1 or current.status != JobStatus.PROCESSING:
+                return True
             clock.advance(31)
             await bb.sweep()
-            return (await bb.get(job.task_id)).fence >= 2
+            return False
 
         await eventually(taken_over, timeout=20, message="lease taken over")
         # The old attempt may not write anything any more.
