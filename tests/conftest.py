@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from backburner.backends import Backend
 from backburner.backends.memory import MemoryBackend
+from backburner.backends.redis import RedisBackend
 from backburner.backends.sqlite import SQLiteBackend
 from backburner.clock import ManualClock
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "redis"]
+
+REDIS_TEST_URL = os.environ.get("BACKBURNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+"""The shared Redis the tests use: database 15, each test under its own key prefix."""
+
+
+def redis_available() -> bool:
+    """True if a Redis answers at REDIS_TEST_URL; in CI (CI=true) a missing Redis is a failure."""
+    parts = urlsplit(REDIS_TEST_URL)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 6379), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            answered = sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        answered = False
+    if not answered and os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but no Redis answers at {REDIS_TEST_URL}")
+    return answered
+
+
+def require_redis() -> None:
+    if not redis_available():
+        pytest.skip(f"no Redis answers at {REDIS_TEST_URL}")
 
 
 def make_backend(kind: str, tmp_path: Path, **options: int | None) -> Backend:
@@ -20,7 +47,26 @@ def make_backend(kind: str, tmp_path: Path, **options: int | None) -> Backend:
         return MemoryBackend(**options)
     if kind == "sqlite":
         return SQLiteBackend(str(tmp_path / "jobs.db"), **options)  # type: ignore[arg-type]
+    if kind == "redis":
+        require_redis()
+        prefix = "test-" + uuid.uuid4().hex[:12]
+        return RedisBackend(REDIS_TEST_URL, prefix=prefix, **options)  # type: ignore[arg-type]
     raise ValueError(kind)
+
+
+async def drop_redis_keys(engine: Backend) -> None:
+    """Delete every key under a test backend's prefix (tests never flush the database)."""
+    if not isinstance(engine, RedisBackend):
+        return
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(REDIS_TEST_URL)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{{{engine.prefix}}}:*", count=1000)]
+        for start in range(0, len(keys), 500):
+            await client.delete(*keys[start : start + 500])
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -36,6 +82,7 @@ async def backend(backend_kind: str, tmp_path: Path) -> AsyncIterator[Backend]:
         yield engine
     finally:
         await engine.close()
+        await drop_redis_keys(engine)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError
 from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats
@@ -24,7 +24,7 @@ _SQLITE_OPTIONS = {"synchronous", "poll_interval_ms"}
 
 
 def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
-    """Make a backend from a URL: ``sqlite:///path.db``, ``memory://``.
+    """Make a backend from a URL: ``sqlite:///path.db``, ``redis://host:6379/0``, ``memory://``.
 
     Engines are imported lazily, so a URL names only what it needs installed.
     """
@@ -62,8 +62,34 @@ def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
             synchronous=options.get("synchronous", "NORMAL"),
             poll_interval_s=poll_ms / 1000,
         )
-    if scheme in ("redis", "rediss", "postgresql", "postgres"):
+    if scheme in ("redis", "rediss"):
+        return _redis_backend(url, max_queue_size)
+    if scheme in ("postgresql", "postgres"):
         raise ConfigurationError(f"the {scheme}:// backend is not available yet")
     raise ConfigurationError(
-        f"unknown backend URL {url!r}: expected sqlite:///path.db or memory://"
+        f"unknown backend URL {url!r}: expected sqlite:///path.db, redis://host:6379/0 or memory://"
+    )
+
+
+def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(
+            "the redis:// backend needs redis-py: pip install 'backburner[redis]'"
+        ) from None
+    from .redis import RedisBackend
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = [value for key, value in query if key == "prefix"]
+    rest = urlencode([(key, value) for key, value in query if key != "prefix"])
+    if parts.path not in ("", "/") and not parts.path[1:].isdigit():
+        raise ConfigurationError(
+            f"invalid Redis URL {url!r}: the path is a database number, as in redis://host:6379/0"
+        )
+    return RedisBackend(
+        urlunsplit(parts._replace(query=rest)),
+        prefix=prefix[-1] if prefix else "bb",
+        max_queue_size=max_queue_size,
     )

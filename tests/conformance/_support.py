@@ -9,9 +9,10 @@ from typing import Any
 
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Fail, NewJob, fingerprint, new_task_id
+from backburner.backends.redis import RedisBackend
 from backburner.backends.sqlite import SQLiteBackend
 from backburner.models import ErrorInfo, Job, JobStatus
-from tests.conftest import make_backend
+from tests.conftest import drop_redis_keys, make_backend
 
 T0 = 1000.0
 """The fixed "now" of most tests (backends never read the wall clock)."""
@@ -134,6 +135,15 @@ async def peer(backend: Backend) -> AsyncIterator[Backend]:
             yield other
         finally:
             await other.close()
+    elif isinstance(backend, RedisBackend):
+        other = RedisBackend(
+            backend.url, prefix=backend.prefix, max_queue_size=backend.max_queue_size
+        )
+        await other.connect()
+        try:
+            yield other
+        finally:
+            await other.close()
     else:
         yield backend
 
@@ -148,3 +158,4 @@ async def opened(kind: str, directory: Path, **options: int | None) -> AsyncIter
         yield engine
     finally:
         await engine.close()
+        await drop_redis_keys(engine)

@@ -152,7 +152,10 @@ async def test_corrupt_and_unwritable_databases(tmp_path: Path) -> None:
         ("sqlite:///x.db?poll_interval_ms=-1", "poll_interval_ms"),
         ("sqlite:///x.db?poll_interval_ms=nan", "poll_interval_ms"),
         ("sqlite:///x.db?poll_interval_ms=0", "poll_interval_ms"),
-        ("redis://localhost", "not available yet"),
+        ("postgresql://localhost/db", "not available yet"),
+        ("redis://localhost/zero", "database number"),
+        ("redis://localhost/0?prefix=a{b}", "prefix"),
+        ("redis://localhost/0?prefix=", "prefix"),
     ],
 )
 def test_bad_backend_urls(url: str, message: str) -> None:

@@ -1,0 +1,500 @@
+"""The distributed backend: any number of API and worker processes on many machines, one Redis.
+
+Every transition that touches more than one key is one Lua script (``redis_lua/``), so a crash
+at any instant leaves each job either before or after a transition, never in between. All keys
+carry one hash tag, so every script touches a single Redis Cluster slot (docs/redis.md tells
+the layout). Commands from concurrent coroutines share a few pipelined connections
+(``RedisLink``); waiting for work uses Pub/Sub and waiting for events XREAD BLOCK, each on a
+connection of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from ..errors import (
+    BackendError,
+    ConfigurationError,
+    IdempotencyConflictError,
+    InvalidInputError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    LeaseLostError,
+    QueueFullError,
+)
+from ..jsoncodec import check_usage, encode
+from ..models import Event, Job, JobStatus, Progress
+from .base import (
+    Complete,
+    Fail,
+    NewJob,
+    Outcome,
+    Page,
+    Release,
+    RetryAt,
+    Stats,
+    WorkerInfo,
+    parse_cursor,
+)
+from .redis_codec import (
+    decode_events,
+    decode_job,
+    decode_jobs,
+    new_job_fields,
+    new_job_spec,
+    number,
+    priority_code,
+    run_code,
+)
+from .redis_link import RedisLink, Script
+from .redis_wake import WakeChannel
+
+log = logging.getLogger("backburner.redis")
+
+_SCRIPTS = (
+    "enqueue",
+    "claim",
+    "heartbeat",
+    "append_event",
+    "finish",
+    "cancel",
+    "poll_cancellations",
+    "replay",
+    "delete",
+    "purge_expired",
+    "next_due",
+    "read_jobs",
+    "read_heads",
+    "stats",
+)
+
+
+def _load_scripts() -> dict[str, Script]:
+    folder = resources.files(__package__).joinpath("redis_lua")
+    prelude = folder.joinpath("prelude.lua").read_text()
+    return {
+        name: Script(name, prelude + folder.joinpath(f"{name}.lua").read_text())
+        for name in _SCRIPTS
+    }
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisBackend:
+    """Backend on Redis (``redis://host:6379/0?prefix=bb``; ``rediss://`` for TLS)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "bb",
+        max_queue_size: int | None = None,
+        connections: int = 2,
+    ) -> None:
+        if not prefix or any(c in prefix for c in "{}"):
+            raise ConfigurationError(f"invalid Redis key prefix {prefix!r}: no braces, not empty")
+        self.url = url
+        self.prefix = prefix
+        self.max_queue_size = max_queue_size
+        self._p = "{" + prefix + "}:"
+        self._tag_key = self._p + "seq"
+        parts = urlsplit(url)
+        self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        self._connections = connections
+        self._scripts = _load_scripts()
+        self._pool: Any = None
+        self._blocking: Any = None
+        self._link: RedisLink | None = None
+        self._wake: WakeChannel | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        if self._link is not None:
+            return
+        from redis.asyncio import ConnectionPool, Redis
+
+        options: dict[str, Any] = {
+            "socket_connect_timeout": 5.0,
+            "health_check_interval": 0,
+            "protocol": 2,  # the replies this module parses are RESP2 shapes
+        }
+        self._pool = ConnectionPool.from_url(self.url, **options)
+        self._blocking = Redis(connection_pool=ConnectionPool.from_url(self.url, **options))
+        self._link = RedisLink(self._pool, where=self._where, connections=self._connections)
+        self._link.start()
+        try:
+            for script in self._scripts.values():
+                await self._link.call("SCRIPT", "LOAD", script.source)
+        except BackendError as exc:
+            await self.close()
+            raise BackendError(f"cannot use Redis at {self._where}: {exc}") from None
+        self._wake = WakeChannel(self._blocking, self._p + "wake", where=self._where)
+
+    async def close(self) -> None:
+        link, self._link = self._link, None
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            await wake.close()
+        if link is not None:
+            await link.close()
+        if self._blocking is not None:
+            await self._blocking.aclose()
+            await self._blocking.connection_pool.disconnect()
+            self._blocking = None
+        if self._pool is not None:
+            await self._pool.disconnect()
+            self._pool = None
+
+    def _conn(self) -> RedisLink:
+        if self._link is None:
+            raise BackendError("the Redis backend is not connected (call connect() first)")
+        return self._link
+
+    async def _run(self, name: str, *args: str | int | float) -> Any:
+        return await self._conn().run(self._scripts[name], (self._tag_key,), (self._p, *args))
+
+    # -- producers ---------------------------------------------------------------------------
+
+    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+        input_json = encode(job.input, "input")
+        metadata_json = encode(job.metadata, "metadata")
+        reply = await self._run(
+            "enqueue",
+            job.task_id,
+            job.type,
+            new_job_spec(job, input_json, metadata_json),
+            job.fingerprint,
+            job.idempotency_key or "",
+            "" if self.max_queue_size is None else self.max_queue_size,
+            priority_code(job.priority),
+            run_code(job.run_at),
+            number(job.run_at),
+            "1" if job.run_at > job.created_at else "0",
+            number(job.created_at),
+            job.priority,
+            *new_job_fields(job),
+        )
+        status = reply[0]
+        if status == b"exists":
+            raise BackendError(f"a job with id {job.task_id} already exists")
+        if status == b"conflict":
+            assert job.idempotency_key is not None
+            raise IdempotencyConflictError(job.idempotency_key, _text(reply[1]))
+        if status == b"duplicate":
+            return decode_job(*reply[1]), False
+        if status == b"full":
+            raise QueueFullError(
+                f"the queue holds {reply[1]} jobs, its limit (max_queue_size) is "
+                f"{self.max_queue_size}"
+            )
+        return job.to_job(input=json.loads(input_json), metadata=json.loads(metadata_json)), True
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Job | None:
+        rows = await self._run("read_jobs", task_id)
+        return decode_job(*rows[0]) if rows[0] else None
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        below = parse_cursor(cursor)
+        if limit <= 0:
+            return Page([], None)
+        if status is not None and type is not None:
+            index = f"i:st:{status}:{type}"
+        elif status is not None:
+            index = f"i:s:{status}"
+        elif type is not None:
+            index = f"i:t:{type}"
+        else:
+            index = "i:all"
+        top = "+inf" if below is None else f"({below}"
+        found = await self._conn().call(
+            "ZREVRANGEBYSCORE",
+            self._p + index,
+            top,
+            "-inf",
+            "WITHSCORES",
+            "LIMIT",
+            0,
+            limit + 1,
+        )
+        ids = [_text(found[i]) for i in range(0, len(found), 2)]
+        seqs = [int(float(found[i])) for i in range(1, len(found), 2)]
+        more = len(ids) > limit
+        ids, seqs = ids[:limit], seqs[:limit]
+        rows = await self._run("read_jobs", *ids) if ids else []
+        return Page(decode_jobs(rows), str(seqs[-1]) if more and seqs else None)
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        if limit <= 0:
+            return []
+        entries = await self._conn().call(
+            "XRANGE", self._p + "e:" + task_id, f"{max(after, 0) + 1}-0", "+", "COUNT", limit
+        )
+        return decode_events(task_id, entries)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        now: float,
+        lease_s: float,
+        types: Sequence[str] | None = None,
+    ) -> list[Job]:
+        if limit <= 0 or (types is not None and not types):
+            return []
+        rows = await self._run(
+            "claim",
+            worker_id,
+            encode(worker_id),
+            number(now),
+            number(now + lease_s),
+            limit,
+            run_code(now),
+            *(types or ()),
+        )
+        return decode_jobs(rows)
+
+    async def heartbeat(
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
+    ) -> dict[str, int]:
+        pairs: list[str | int] = []
+        for task_id, fence in held.items():
+            pairs += (task_id, fence)
+        renewed = await self._run(
+            "heartbeat", worker_id, encode(worker_id), number(now), number(now + lease_s), *pairs
+        )
+        return {_text(renewed[i]): int(renewed[i + 1]) for i in range(0, len(renewed), 2)}
+
+    async def append_event(
+        self,
+        task_id: str,
+        fence: int,
+        type: str,
+        data: Any,
+        *,
+        now: float,
+        progress: Progress | None = None,
+    ) -> int:
+        try:
+            encoded = encode(data, "data")
+        except InvalidInputError as exc:
+            await self._raise_unless_held(task_id, fence, exc)
+        extra: list[str] = []
+        if progress is not None:
+            extra.append(number(progress.percent))
+            if progress.message is not None:
+                extra.append(encode(progress.message))
+        reply = await self._run("append_event", task_id, fence, type, encoded, number(now), *extra)
+        if reply[0] != b"ok":
+            raise LeaseLostError(task_id, fence)
+        return int(reply[1])
+
+    async def finish(
+        self,
+        task_id: str,
+        fence: int,
+        outcome: Outcome,
+        *,
+        now: float,
+        only_if_lease_expired: bool = False,
+    ) -> Job:
+        try:
+            details = self._outcome_args(outcome, now)
+        except InvalidInputError as exc:
+            await self._raise_unless_held(task_id, fence, exc)
+        reply = await self._run(
+            "finish",
+            task_id,
+            fence,
+            number(now),
+            "1" if only_if_lease_expired else "0",
+            *details,
+        )
+        if reply[0] != b"ok":
+            raise LeaseLostError(task_id, fence)
+        return decode_job(*reply[1])
+
+    @staticmethod
+    def _outcome_args(outcome: Outcome, now: float) -> list[str]:
+        if isinstance(outcome, Complete):
+            result = encode(outcome.result, "result")
+            usage = check_usage(outcome.usage)
+            return [
+                "complete",
+                result,
+                "" if usage is None else encode(usage, "usage"),
+                f'{{"status":"completed","result":{result}}}',
+            ]
+        if isinstance(outcome, Fail):
+            return ["fail", encode(outcome.error.model_dump()), number(outcome.ttl_s)]
+        if isinstance(outcome, RetryAt):
+            return [
+                "retry",
+                encode(outcome.error.model_dump()),
+                number(outcome.run_at),
+                run_code(outcome.run_at),
+                "1" if outcome.run_at > now else "0",
+            ]
+        if isinstance(outcome, Release):
+            reason = encode({"status": "queued", "released": outcome.reason})
+            return ["release", reason, run_code(now)]
+        raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union
+
+    async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
+        """A stale writer hears about its lease first, whatever else is wrong with its write."""
+        status, current = await self._conn().call(
+            "HMGET", self._p + "j:" + task_id, "status", "fence"
+        )
+        if status != b'"processing"' or current != str(fence).encode():
+            raise LeaseLostError(task_id, fence)
+        raise error
+
+    async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
+        reply = await self._run("cancel", task_id, number(now))
+        if reply[0] == b"missing":
+            raise JobNotFoundError(task_id)
+        return decode_job(*reply[1]), reply[0] == b"ok"
+
+    async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
+        flat = await self._run("poll_cancellations", worker_id)
+        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    # -- admin -------------------------------------------------------------------------------
+
+    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+        reply = await self._run("replay", task_id, number(now), extra_attempts, run_code(now))
+        if reply[0] == b"missing":
+            raise JobNotFoundError(task_id)
+        if reply[0] == b"invalid":
+            raise InvalidTransitionError(
+                f"only failed jobs can be replayed; job {task_id} is {_text(reply[1])}"
+            )
+        return decode_job(*reply[1])
+
+    async def delete(self, task_id: str) -> bool:
+        reply = await self._run("delete", task_id)
+        if reply[0] == b"missing":
+            return False
+        if reply[0] == b"invalid":
+            raise InvalidTransitionError(
+                f"job {task_id} is {_text(reply[1])}; only terminal jobs can be deleted"
+                " (cancel it first)"
+            )
+        return True
+
+    # -- sweeper -----------------------------------------------------------------------------
+
+    async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
+        if limit <= 0:
+            return []
+        ids = await self._conn().call(
+            "ZRANGEBYSCORE", self._p + "leases", "-inf", number(now), "LIMIT", 0, limit
+        )
+        if not ids:
+            return []
+        jobs = decode_jobs(await self._run("read_jobs", *ids))
+        return [job for job in jobs if job.status == JobStatus.PROCESSING]
+
+    async def purge_expired(self, *, now: float, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        return int(await self._run("purge_expired", number(now), limit))
+
+    async def wait_for_jobs(
+        self, *, now: float, timeout: float, types: Sequence[str] | None = None
+    ) -> None:
+        if types is not None and not types:
+            await asyncio.sleep(timeout)
+            return
+        wake = self._wake
+        if wake is None:
+            raise BackendError("the Redis backend is not connected (call connect() first)")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with wake.listen(types) as woken:
+            # Subscribed before looking, so nothing enqueued after the look goes unnoticed.
+            if not await wake.ready(timeout):
+                return
+            next_due = await self._run("next_due", *(types or ()))
+            elapsed = loop.time() - started
+            if next_due is not None:
+                due_in = float(next_due) - now - elapsed if next_due != b"0" else 0.0
+                if due_in <= 0:
+                    return
+                timeout = min(timeout, due_in + elapsed)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), max(0.0, timeout - elapsed))
+
+    async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
+        if not after:
+            await asyncio.sleep(timeout)
+            return {}
+        ids = list(after)
+        heads = await self._run("read_heads", *ids)
+        grown = {
+            task_id: int(head or 0)
+            for task_id, head in zip(ids, heads, strict=True)
+            if head is None or int(head) > after[task_id]
+        }
+        if grown or timeout <= 0:
+            return grown
+        streams = {self._p + "e:" + task_id: f"{after[task_id]}-0" for task_id in ids}
+        try:
+            found = await self._blocking.xread(streams, block=max(1, int(timeout * 1000)))
+        except Exception as exc:  # redis-py raises its own errors and OSError
+            raise BackendError(f"Redis at {self._where}: {exc}") from None
+        result: dict[str, int] = {}
+        for key, entries in found or ():
+            task_id = _text(key)[len(self._p) + 2 :]
+            result[task_id] = int(entries[-1][0].split(b"-", 1)[0])
+        return result
+
+    async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
+        statuses = list(JobStatus)
+        counts, by_priority, workers = await self._run("stats", *statuses)
+        count_of = {status: int(n) for status, n in zip(statuses, counts, strict=True)}
+        queued = {
+            int(by_priority[i]): int(by_priority[i + 1])
+            for i in range(0, len(by_priority), 2)
+            if int(by_priority[i + 1]) > 0
+        }
+        seen: list[WorkerInfo] = []
+        for i in range(0, len(workers), 2):
+            started, last_seen, running = _text(workers[i + 1]).split(" ")
+            if float(last_seen) >= now - worker_window_s:
+                seen.append(
+                    WorkerInfo(
+                        worker_id=_text(workers[i]),
+                        last_seen=float(last_seen),
+                        running=int(running),
+                        started_at=float(started),
+                    )
+                )
+        seen.sort(key=lambda w: w.worker_id)
+        return Stats(
+            count_of,
+            dict(sorted(queued.items(), reverse=True)),
+            count_of[JobStatus.FAILED],
+            seen,
+        )

@@ -1,0 +1,142 @@
+"""How jobs and events are laid out in Redis, and read back.
+
+A job is two keys. ``s:<id>`` holds what never changes as JSON object members (input, metadata,
+...). ``j:<id>`` is a hash of what does: each field named like a ``Job`` field holds JSON text
+(Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
+the backend's own bookkeeping. Reading a job joins both into one JSON document that
+pydantic-core parses in one call; nothing is decoded twice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..jsoncodec import encode
+from ..models import Event, Job
+from .base import NewJob
+
+# Queue members sort as text: priority (inverted, 3 digits), run_at (µs, 17 digits), seq.
+RUN_CODE_DIGITS = 17
+
+
+def priority_code(priority: int) -> str:
+    return f"{100 - priority:03d}"
+
+
+def run_code(run_at: float) -> str:
+    return f"{max(0, int(run_at * 1_000_000)):0{RUN_CODE_DIGITS}d}"
+
+
+def number(value: float) -> str:
+    """JSON text for a float that reads back as exactly the same float."""
+    return repr(float(value))
+
+
+def _member(name: str, value: str) -> str:
+    return f'"{name}":{value}'
+
+
+def new_job_spec(job: NewJob, input_json: str, metadata_json: str) -> str:
+    """The immutable members of a job, as JSON object members without braces."""
+    parts = [
+        _member("task_id", encode(job.task_id)),
+        _member("type", encode(job.type)),
+        _member("input", input_json),
+        _member("created_at", number(job.created_at)),
+        _member("metadata", metadata_json),
+        _member("ttl_s", number(job.ttl_s)),
+    ]
+    if job.webhook_url is not None:
+        parts.append(_member("webhook_url", encode(job.webhook_url)))
+    if job.timeout_s is not None:
+        parts.append(_member("timeout_s", number(job.timeout_s)))
+    if job.idempotency_key is not None:
+        parts.append(_member("idempotency_key", encode(job.idempotency_key)))
+    return ",".join(parts)
+
+
+def new_job_fields(job: NewJob) -> list[str]:
+    """The mutable hash fields of a new queued job, as field, value pairs."""
+    fields = [
+        "status",
+        '"queued"',
+        "priority",
+        str(job.priority),
+        "run_at",
+        number(job.run_at),
+        "attempts",
+        "0",
+        "max_attempts",
+        str(job.max_attempts),
+        "fence",
+        "0",
+        "_ty",
+        job.type,
+        "_pq",
+        priority_code(job.priority),
+        "_ttl",
+        number(job.ttl_s),
+        "_pp",
+        "0",
+        "_ev",
+        "0",
+    ]
+    if job.deadline_at is not None:
+        fields += ["deadline_at", number(job.deadline_at), "_dl"]
+        fields.append(number(job.deadline_at - job.created_at))
+    if job.idempotency_key is not None:
+        fields += ["_ik", job.idempotency_key]
+    return fields
+
+
+def decode_job(spec: bytes, flat: list[bytes]) -> Job:
+    """Build a Job from its spec and its hash as HGETALL returns it (field, value, ...)."""
+    parts = [b"{", spec]
+    percent = b"0"
+    message: bytes | None = None
+    closed = b""
+    current = b""
+    for index in range(0, len(flat), 2):
+        name = flat[index]
+        value = flat[index + 1]
+        if name[:1] != b"_":
+            parts += (b',"', name, b'":', value)
+        elif name == b"_pp":
+            percent = value
+        elif name == b"_pm":
+            message = value
+        elif name == b"_hist":
+            closed = value
+        elif name == b"_cur":
+            current = value + b"}"
+    parts += (b',"progress":{"percent":', percent)
+    if message is not None:
+        parts += (b',"message":', message)
+    parts += (b'},"history":[', closed)
+    if closed and current:
+        parts.append(b",")
+    parts += (current, b"]}")
+    return Job.model_validate_json(b"".join(parts))
+
+
+def decode_jobs(rows: list[Any]) -> list[Job]:
+    """Jobs from a script's list of [spec, fields] (rows of jobs that vanished are false)."""
+    return [decode_job(row[0], row[1]) for row in rows if row]
+
+
+def decode_events(task_id: str, entries: list[Any]) -> list[Event]:
+    """Events from XRANGE entries: [id, [field, value, ...]] with id "<seq>-0"."""
+    events = []
+    for entry_id, flat in entries:
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        events.append(
+            Event.model_construct(
+                task_id=task_id,
+                seq=int(entry_id.split(b"-", 1)[0]),
+                type=fields[b"t"].decode(),
+                data=json.loads(fields[b"d"]),
+                at=float(fields[b"a"]),
+            )
+        )
+    return events

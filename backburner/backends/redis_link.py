@@ -1,0 +1,141 @@
+"""Pipelined commands to Redis over a few connections, however many coroutines send them.
+
+A worker holding 10,000 jobs may finish hundreds of them in one event-loop turn. One connection
+per in-flight command would open thousands of sockets; instead every command joins a queue and
+a few flusher tasks write whatever has gathered as one pipeline, then hand each reply to its
+caller. Each command is still applied on its own (scripts are atomic; pipelines are not
+transactions). Blocking commands (XREAD BLOCK, SUBSCRIBE) never go through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from ..errors import BackendError
+
+Arg = str | bytes | int | float
+
+MAX_BATCH = 512
+
+
+class Script:
+    """A Lua script called by its SHA1, loaded on first use (and again after a Redis restart)."""
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+class RedisLink:
+    """Send commands; each call is one round trip shared with every concurrent caller."""
+
+    def __init__(self, pool: ConnectionPool, *, where: str, connections: int = 2) -> None:
+        self._pool = pool
+        self._where = where
+        self._connections = connections
+        self._pending: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] = []
+        self._ready = asyncio.Event()
+        self._flushers: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def start(self) -> None:
+        if not self._flushers:
+            self._closed = False
+            self._flushers = [
+                asyncio.create_task(self._flush_forever(), name=f"backburner:redis-flush-{i}")
+                for i in range(self._connections)
+            ]
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._flushers:
+            task.cancel()
+        await asyncio.gather(*self._flushers, return_exceptions=True)
+        self._flushers = []
+        self._fail_pending(BackendError("the Redis backend is closed"))
+
+    async def call(self, *args: Arg) -> Any:
+        """Send one command; its reply, or BackendError."""
+        if self._closed or not self._flushers:
+            raise BackendError("the Redis backend is not connected (call connect() first)")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append((args, future))
+        self._ready.set()
+        return await future
+
+    async def run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        """Run a script by SHA1, loading it if Redis does not know it yet."""
+        try:
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.call("SCRIPT", "LOAD", script.source)
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    def _fail_pending(self, error: Exception) -> None:
+        pending, self._pending = self._pending, []
+        for _, future in pending:
+            if not future.done():
+                future.set_exception(error)
+
+    async def _flush_forever(self) -> None:
+        connection: AbstractConnection | None = None
+        try:
+            while True:
+                await self._ready.wait()
+                batch = self._pending[:MAX_BATCH]
+                del self._pending[:MAX_BATCH]
+                if not self._pending:
+                    self._ready.clear()
+                if not batch:
+                    continue
+                try:
+                    if connection is None:
+                        connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+                    await self._send(connection, batch)
+                except (RedisError, OSError) as exc:
+                    error = BackendError(f"Redis at {self._where}: {exc}")
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    if connection is not None:
+                        await connection.disconnect(nowait=True)
+                        await self._pool.release(connection)
+                        connection = None
+        finally:
+            if connection is not None:
+                await self._pool.release(connection)
+
+    @staticmethod
+    async def _send(
+        connection: AbstractConnection,
+        batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]],
+    ) -> None:
+        await connection.send_packed_command(
+            connection.pack_commands([args for args, _ in batch]), check_health=False
+        )
+        for index, (_, future) in enumerate(batch):
+            try:
+                reply: Any = await connection.read_response(disconnect_on_error=False)
+            except ResponseError as exc:
+                reply = exc
+            except BaseException:
+                # The connection is out of step: the rest of the batch has no reply to read.
+                for _, rest in batch[index:]:
+                    if not rest.done():
+                        rest.set_exception(BackendError("the Redis connection was lost"))
+                raise
+            if future.done():  # the caller was cancelled; its command ran all the same
+                continue
+            if isinstance(reply, NoScriptError):
+                future.set_exception(reply)
+            elif isinstance(reply, ResponseError):
+                future.set_exception(BackendError(f"Redis refused a command: {reply}"))
+            else:
+                future.set_result(reply)

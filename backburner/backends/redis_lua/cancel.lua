@@ -1,0 +1,28 @@
+-- ARGV: P, id, now
+local id, now = ARGV[2], ARGV[3]
+local j = jkey(id)
+local f = redis.call('HMGET', j, 'status', '_ty', '_sq', '_qm', 'worker_id', 'fence', '_cur',
+  '_ttl', '_ik', 'priority')
+if not f[1] then return {'missing'} end
+local status = raw(f[1])
+if TERMINAL[status] then return {'unchanged', read_job(id)} end
+local ty = f[2]
+if status == 'queued' then
+  if f[4] then redis.call('ZREM', rkey(ty), f[4]) end
+  redis.call('ZREM', DELAYED, id)
+  redis.call('HDEL', j, '_qm')
+  redis.call('HINCRBY', QPRIO, f[10], -1)
+elseif status == 'processing' then
+  close_history(id, f[7], now, 'cancelled', nil)
+  redis.call('ZREM', LEASES, id)
+  local signals = P .. 'c:' .. cjson.decode(f[5])
+  redis.call('HSET', signals, id, f[6])
+  redis.call('EXPIRE', signals, 86400)
+end
+local expires = tonumber(now) + tonumber(f[8])
+redis.call('HSET', j, 'status', '"cancelled"', 'finished_at', now, 'expires_at', num(expires))
+redis.call('HDEL', j, 'lease_expires_at')
+reindex(id, ty, tonumber(f[3]), status, 'cancelled')
+event(id, 'status', '{"status":"cancelled"}', now)
+make_terminal(id, f[9], expires, now)
+return {'ok', read_job(id)}

@@ -1,0 +1,94 @@
+-- Shared by every script (prepended at load time). ARGV[1] is the key prefix, which ends in
+-- a hash tag ("{bb}:"), so every key a script touches lives in one Redis Cluster slot.
+-- Job hash fields named like Job fields hold JSON text; fields starting with "_" are ours.
+local P = ARGV[1]
+local TERMINAL = {completed = true, failed = true, cancelled = true}
+local GRACE = 3600 -- EXPIRE backstop beyond expires_at; the sweeper purges indexes first
+
+local function jkey(id) return P .. 'j:' .. id end
+local function skey(id) return P .. 's:' .. id end
+local function ekey(id) return P .. 'e:' .. id end
+local function rkey(ty) return P .. 'r:' .. ty end
+local DELAYED = P .. 'delayed'
+local LEASES = P .. 'leases'
+local EXPIRING = P .. 'expiring'
+local QPRIO = P .. 'qprio'
+local WAKE = P .. 'wake'
+
+-- Exact text for a double: 17 significant digits always read back as the same number.
+local function num(x) return string.format('%.17g', x) end
+local function raw(json_string) return string.sub(json_string, 2, -2) end
+
+local function reindex(id, ty, seq, from, to)
+  if from then
+    redis.call('ZREM', P .. 'i:s:' .. from, id)
+    redis.call('ZREM', P .. 'i:st:' .. from .. ':' .. ty, id)
+  end
+  if to then
+    redis.call('ZADD', P .. 'i:s:' .. to, seq, id)
+    redis.call('ZADD', P .. 'i:st:' .. to .. ':' .. ty, seq, id)
+  end
+end
+
+local function event(id, type, data, at)
+  local seq = redis.call('HINCRBY', jkey(id), '_ev', 1)
+  redis.call('XADD', ekey(id), seq .. '-0', 't', type, 'd', data, 'a', at)
+  return seq
+end
+
+local function read_job(id)
+  local spec = redis.call('GET', skey(id))
+  if not spec then return false end
+  return {spec, redis.call('HGETALL', jkey(id))}
+end
+
+-- The queue member orders by priority, then run_at, then enqueue order (all fixed width).
+local function enqueue_ready(id, ty, pq, rc, sq, run_at, delayed)
+  local member = pq .. rc .. sq .. id
+  redis.call('HSET', jkey(id), '_qm', member)
+  if delayed then
+    redis.call('ZADD', DELAYED, run_at, id)
+  else
+    redis.call('ZADD', rkey(ty), 0, member)
+  end
+  redis.call('PUBLISH', WAKE, ty)
+end
+
+local function close_history(id, cur, now, outcome, error_json)
+  if not cur then return end
+  local record = cur .. ',"finished_at":' .. now .. ',"outcome":"' .. outcome .. '"'
+  if error_json then record = record .. ',"error":' .. error_json end
+  record = record .. '}'
+  local j = jkey(id)
+  local hist = redis.call('HGET', j, '_hist')
+  if hist and hist ~= '' then record = hist .. ',' .. record end
+  redis.call('HSET', j, '_hist', record)
+  redis.call('HDEL', j, '_cur')
+end
+
+local function make_terminal(id, ik, expires, now)
+  redis.call('ZADD', EXPIRING, expires, id)
+  local ttl = math.max(1, math.ceil(expires - tonumber(now))) + GRACE
+  redis.call('EXPIRE', jkey(id), ttl)
+  redis.call('EXPIRE', skey(id), ttl)
+  redis.call('EXPIRE', ekey(id), ttl)
+  if ik and ik ~= '' then redis.call('EXPIRE', P .. 'k:' .. ik, ttl) end
+end
+
+local function forget(id, fields)
+  -- fields: HMGET of _ty, status, _ik, worker_id, _sq
+  local ty, status, ik = fields[1], fields[2], fields[3]
+  redis.call('DEL', jkey(id), skey(id), ekey(id))
+  redis.call('ZREM', P .. 'i:all', id)
+  redis.call('ZREM', EXPIRING, id)
+  if ty then
+    redis.call('ZREM', P .. 'i:t:' .. ty, id)
+    reindex(id, ty, 0, raw(status), nil)
+  else
+    for name in pairs(TERMINAL) do redis.call('ZREM', P .. 'i:s:' .. name, id) end
+  end
+  if ik and ik ~= '' and redis.call('GET', P .. 'k:' .. ik) == id then
+    redis.call('DEL', P .. 'k:' .. ik)
+  end
+  if fields[4] then redis.call('HDEL', P .. 'c:' .. cjson.decode(fields[4]), id) end
+end

@@ -1,0 +1,102 @@
+"""Wake idle workers the moment a job may have become claimable, through Redis Pub/Sub.
+
+Every enqueue, retry, release and replay publishes the job's type on one channel. Each process
+keeps one subscription and wakes just its waiters that claim that type. A waiter subscribes
+before it looks at the queue, so a job enqueued after the look always wakes it: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("backburner.redis")
+
+
+@dataclass(eq=False)
+class _Listener:
+    types: frozenset[bytes] | None
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class WakeChannel:
+    """One Pub/Sub subscription shared by every waiter of a process; resubscribes after errors."""
+
+    def __init__(self, client: Any, channel: str, *, where: str) -> None:
+        self._client = client
+        self._channel = channel
+        self._where = where
+        self._listeners: set[_Listener] = set()
+        self._subscribed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def listen(self, types: Sequence[str] | None) -> Iterator[asyncio.Event]:
+        """An event set when a job of one of ``types`` (None: any) may be claimable."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._receive(), name="backburner:redis-wake")
+        wanted = None if types is None else frozenset(t.encode() for t in types)
+        listener = _Listener(wanted)
+        self._listeners.add(listener)
+        try:
+            yield listener.woken
+        finally:
+            self._listeners.discard(listener)
+
+    async def ready(self, timeout: float) -> bool:
+        """Wait until the subscription is live; False if it is not within ``timeout``."""
+        if self._subscribed.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), timeout)
+        return self._subscribed.is_set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for listener in self._listeners:
+            listener.woken.set()
+
+    async def _receive(self) -> None:
+        failures = 0
+        while True:
+            delay = 0.05
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(self._channel)
+                async for message in pubsub.listen():
+                    if message["type"] == "subscribe":
+                        self._subscribed.set()
+                        failures = 0
+                    elif message["type"] == "message":
+                        kind = message["data"]
+                        for listener in self._listeners:
+                            if listener.types is None or kind in listener.types:
+                                listener.woken.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # redis-py's errors and OSError: reconnect with backoff
+                failures += 1
+                delay = min(5.0, 0.05 * 2**failures)
+                if failures <= 3 or failures % 20 == 0:
+                    log.warning(
+                        "Redis at %s: wake-up channel lost (%s); retrying in %.2fs",
+                        self._where,
+                        exc,
+                        delay,
+                    )
+            finally:
+                self._subscribed.clear()
+                self._wake_all()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            await asyncio.sleep(delay)
