@@ -1,7 +1,10 @@
-"""Job-engine benchmark on the embedded SQLite backend (run by hand, not a test).
+"""Job-engine benchmark on the embedded SQLite backend, or Redis (run by hand, not a test).
 
     python bench/engine.py                 # all scenarios, 3 runs each
     python bench/engine.py --runs 5 --only drain,pickup
+    BENCH_REDIS_URL=redis://127.0.0.1:6379/8 python bench/engine.py --out bench/results/redis.json
+
+With BENCH_REDIS_URL each run uses a fresh key prefix on that Redis and deletes its keys after.
 
 Scenarios (each worker runs in its own process, like production):
   enqueue   one producer: 10,000 enqueues one after another, and 10,000 with 64 in flight
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +188,36 @@ SCENARIOS = {
 }
 
 
+async def drop_prefix(redis_url: str, prefix: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:*", count=5000)]
+        for start in range(0, len(keys), 1000):
+            await client.delete(*keys[start : start + 1000])
+    finally:
+        await client.aclose()
+
+
+def run_one(name: str) -> dict[str, float]:
+    redis_url = os.environ.get("BENCH_REDIS_URL")
+    if redis_url:
+        prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        try:
+            return asyncio.run(SCENARIOS[name](f"{redis_url}?prefix={prefix}"))
+        finally:
+            asyncio.run(drop_prefix(redis_url, prefix))
+    with tempfile.TemporaryDirectory() as tmp:
+        return asyncio.run(SCENARIOS[name](f"sqlite:///{tmp}/bench.db"))
+
+
 def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
     samples: dict[str, list[float]] = {}
     for name in names:
         for _ in range(runs):
-            with tempfile.TemporaryDirectory() as tmp:
-                url = f"sqlite:///{tmp}/bench.db"
-                for key, value in asyncio.run(SCENARIOS[name](url)).items():
-                    samples.setdefault(key, []).append(value)
+            for key, value in run_one(name).items():
+                samples.setdefault(key, []).append(value)
     return summarise(samples)
 
 

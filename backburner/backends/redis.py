@@ -72,6 +72,7 @@ _SCRIPTS = (
     "next_due",
     "read_jobs",
     "read_heads",
+    "read_events",
     "stats",
 )
 
@@ -137,7 +138,7 @@ class RedisBackend:
                 await self._link.call("SCRIPT", "LOAD", script.source)
         except BackendError as exc:
             await self.close()
-            raise BackendError(f"cannot use Redis at {self._where}: {exc}") from None
+            raise BackendError(f"cannot connect to {exc}") from None
         self._wake = WakeChannel(self._blocking, self._p + "wake", where=self._where)
 
     async def close(self) -> None:
@@ -173,7 +174,7 @@ class RedisBackend:
             job.task_id,
             job.type,
             new_job_spec(job, input_json, metadata_json),
-            job.fingerprint,
+            job.fingerprint[:32],  # 128 bits tell requests apart; short keeps the hash compact
             job.idempotency_key or "",
             "" if self.max_queue_size is None else self.max_queue_size,
             priority_code(job.priority),
@@ -245,9 +246,7 @@ class RedisBackend:
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
         if limit <= 0:
             return []
-        entries = await self._conn().call(
-            "XRANGE", self._p + "e:" + task_id, f"{max(after, 0) + 1}-0", "+", "COUNT", limit
-        )
+        entries = await self._run("read_events", task_id, max(after, 0), limit)
         return decode_events(task_id, entries)
 
     # -- workers -----------------------------------------------------------------------------

@@ -79,8 +79,6 @@ def new_job_fields(job: NewJob) -> list[str]:
         number(job.ttl_s),
         "_pp",
         "0",
-        "_ev",
-        "0",
     ]
     if job.deadline_at is not None:
         fields += ["deadline_at", number(job.deadline_at), "_dl"]

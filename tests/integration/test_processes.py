@@ -1,4 +1,4 @@
-"""Real worker processes sharing one SQLite file, stopped with real signals."""
+"""Real worker processes sharing one SQLite file or one Redis, stopped with real signals."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
 
 from backburner import Backburner, Job, JobStatus, Settings
+from backburner.backends.redis import RedisBackend
 
+from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
 from ..helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +27,15 @@ pytestmark = pytest.mark.slow
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'shared.db'}"
+@pytest.fixture(params=["sqlite", "redis"])
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+        return
+    require_redis()
+    prefix = "test-" + uuid.uuid4().hex[:12]
+    yield f"{REDIS_TEST_URL}?prefix={prefix}"
+    await drop_redis_keys(RedisBackend(REDIS_TEST_URL, prefix=prefix))
 
 
 @pytest.fixture
@@ -209,7 +218,7 @@ async def test_cancel_reaches_a_worker_in_another_process_within_a_second(
     assert (await bb.wait(nxt.task_id, timeout=30)).status == JobStatus.COMPLETED
 
 
-async def test_several_workers_share_one_file_and_run_each_job_once(
+async def test_several_workers_share_one_store_and_run_each_job_once(
     bb: Backburner, spawn: Spawn, tmp_path: Path
 ) -> None:
     procs = [spawn(concurrency=20) for _ in range(3)]

@@ -8,7 +8,7 @@ local status = raw(f[1])
 if TERMINAL[status] then return {'unchanged', read_job(id)} end
 local ty = f[2]
 if status == 'queued' then
-  if f[4] then redis.call('ZREM', rkey(ty), f[4]) end
+  if f[4] then redis.call('ZREM', rkey(ty), f[4] .. id) end
   redis.call('ZREM', DELAYED, id)
   redis.call('HDEL', j, '_qm')
   redis.call('HINCRBY', QPRIO, f[10], -1)

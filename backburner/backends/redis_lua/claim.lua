@@ -6,7 +6,7 @@ local limit = tonumber(ARGV[6])
 local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1000)
 for _, id in ipairs(due) do
   local f = redis.call('HMGET', jkey(id), '_ty', '_qm')
-  if f[1] and f[2] then redis.call('ZADD', rkey(f[1]), 0, f[2]) end
+  if f[1] and f[2] then redis.call('ZADD', rkey(f[1]), 0, f[2] .. id) end
   redis.call('ZREM', DELAYED, id)
 end
 

@@ -44,8 +44,9 @@ end
 
 -- The queue member orders by priority, then run_at, then enqueue order (all fixed width).
 local function enqueue_ready(id, ty, pq, rc, sq, run_at, delayed)
-  local member = pq .. rc .. sq .. id
-  redis.call('HSET', jkey(id), '_qm', member)
+  local code = pq .. rc .. sq
+  local member = code .. id
+  redis.call('HSET', jkey(id), '_qm', code)
   if delayed then
     redis.call('ZADD', DELAYED, run_at, id)
   else
