@@ -1,0 +1,105 @@
+"""What only the Redis backend promises: its key layout, expiry by EXPIRE, memory per job."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from backburner.backends.base import Complete, Fail
+from backburner.backends.redis import RedisBackend
+from backburner.models import ErrorInfo
+
+from ..conformance._support import T0, claim_one, enqueue
+from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+
+GRACE = 3600  # redis_lua/prelude.lua: keys outlive expires_at by this much
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[RedisBackend]:
+    require_redis()
+    backend = RedisBackend(REDIS_TEST_URL, prefix="test-" + uuid.uuid4().hex[:12])
+    await backend.connect()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+        await drop_redis_keys(backend)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Redis]:
+    connection = Redis.from_url(REDIS_TEST_URL)
+    try:
+        yield connection
+    finally:
+        await connection.aclose()
+
+
+async def keys_of(client: Redis, prefix: str) -> list[str]:
+    return sorted([k.decode() async for k in client.scan_iter(match=f"*{prefix}*", count=1000)])
+
+
+async def test_every_key_is_under_the_prefix_and_its_hash_tag(
+    engine: RedisBackend, client: Redis
+) -> None:
+    job = await enqueue(engine, "summarize", now=T0, idempotency_key="k1")
+    claimed = await claim_one(engine, now=T0)
+    await engine.append_event(job.task_id, claimed.fence, "tick", {"n": 1}, now=T0)
+    await engine.heartbeat("w1", {job.task_id: claimed.fence}, now=T0, lease_s=30)
+    await engine.finish(job.task_id, claimed.fence, Complete({"ok": True}), now=T0 + 1)
+    keys = await keys_of(client, engine.prefix)
+    assert keys, "nothing was stored"
+    assert all(k.startswith("{" + engine.prefix + "}:") for k in keys), keys
+    per_job = [k for k in keys if job.task_id in k]
+    assert sorted(k.split(":")[1] for k in per_job) == ["e", "j", "s"]
+
+
+async def test_terminal_jobs_expire_by_redis_ttl_and_a_replay_keeps_them(
+    engine: RedisBackend, client: Redis
+) -> None:
+    job = await enqueue(engine, "summarize", now=T0, ttl_s=600, idempotency_key="k2")
+    per_job = [f"{{{engine.prefix}}}:{kind}:{job.task_id}" for kind in "jse"]
+    idem_key = f"{{{engine.prefix}}}:k:k2"
+    assert await client.ttl(per_job[0]) == -1  # a live job never expires
+    claimed = await claim_one(engine, now=T0)
+    error = ErrorInfo(type="Boom", message="no")
+    await engine.finish(job.task_id, claimed.fence, Fail(error, ttl_s=900), now=T0 + 1)
+    for key in [*per_job, idem_key]:
+        ttl = await client.ttl(key)
+        assert 900 + GRACE - 5 <= ttl <= 900 + GRACE, (key, ttl)
+
+    await engine.replay(job.task_id, now=T0 + 2, extra_attempts=1)
+    for key in [*per_job, idem_key]:
+        assert await client.ttl(key) == -1, key
+    claimed = await claim_one(engine, now=T0 + 3)
+    await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 4)
+    assert 600 + GRACE - 5 <= await client.ttl(per_job[0]) <= 600 + GRACE
+
+    # The sweeper's purge removes the job and every index entry, before the TTL would.
+    assert await engine.purge_expired(now=T0 + 4 + 600, limit=10) == 1
+    assert await keys_of(client, job.task_id) == []
+    assert await client.exists(idem_key) == 0
+    indexes = [k for k in await keys_of(client, engine.prefix) if ":i:" in k]
+    for index in indexes:
+        assert await client.zscore(index, job.task_id) is None, index
+
+
+async def test_a_queued_job_costs_under_two_kilobytes(
+    engine: RedisBackend, client: Redis
+) -> None:
+    before = await keys_of(client, engine.prefix)
+    jobs: list[Any] = [await enqueue(engine, "summarize", now=T0) for _ in range(20)]
+    job_keys = [k for k in await keys_of(client, engine.prefix) if jobs[-1].task_id in k]
+    # Queued jobs have no stream yet (a Redis 7 stream preallocates about 4 KB).
+    assert sorted(k.split(":")[1] for k in job_keys) == ["j", "s"]
+    assert await client.object("encoding", job_keys[0]) in (b"listpack", b"ziplist")
+    own = sum([await client.memory_usage(k) or 0 for k in job_keys])
+    indexes = [k for k in await keys_of(client, engine.prefix) if k not in before]
+    shared = [k for k in indexes if not any(j.task_id in k for j in jobs)]
+    index_bytes = sum([await client.memory_usage(k) or 0 for k in shared]) / len(jobs)
+    assert own + index_bytes < 2048, (own, index_bytes)
