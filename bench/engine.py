@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -188,28 +185,9 @@ SCENARIOS = {
 }
 
 
-async def drop_prefix(redis_url: str, prefix: str) -> None:
-    from redis.asyncio import Redis
-
-    client = Redis.from_url(redis_url)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:*", count=5000)]
-        for start in range(0, len(keys), 1000):
-            await client.delete(*keys[start : start + 1000])
-    finally:
-        await client.aclose()
-
-
 def run_one(name: str) -> dict[str, float]:
-    redis_url = os.environ.get("BENCH_REDIS_URL")
-    if redis_url:
-        prefix = f"bench-{uuid.uuid4().hex[:8]}"
-        try:
-            return asyncio.run(SCENARIOS[name](f"{redis_url}?prefix={prefix}"))
-        finally:
-            asyncio.run(drop_prefix(redis_url, prefix))
-    with tempfile.TemporaryDirectory() as tmp:
-        return asyncio.run(SCENARIOS[name](f"sqlite:///{tmp}/bench.db"))
+    with report.backend_url() as url:
+        return asyncio.run(SCENARIOS[name](url))
 
 
 def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:

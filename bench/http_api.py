@@ -1,7 +1,9 @@
-"""HTTP API benchmark (run by hand, not a test): one uvicorn API process on SQLite.
+"""HTTP API benchmark (run by hand, not a test): one uvicorn API process on SQLite or Redis.
 
     python bench/http_api.py              # all scenarios, 3 runs each
     python bench/http_api.py --runs 1 --only post,sse_latency
+    BENCH_REDIS_URL=redis://127.0.0.1:6379/8 python bench/http_api.py \
+        --out bench/results/http-redis.json
 
 Scenarios (the API and one worker each run in their own process; the load comes from wrk —
 Debian's package, a C load generator, so the client is not what is measured — or, for the
@@ -55,9 +57,9 @@ def _rss_mb(pid: int) -> float:
 
 
 @contextmanager
-def service(db: str, *, worker: bool) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def service(backend: str, *, worker: bool) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = _free_port()
-    env = {**os.environ, "BACKBURNER_BACKEND_URL": f"sqlite:///{db}", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "BACKBURNER_BACKEND_URL": backend, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "backburner"]
     api = subprocess.Popen(
         [*cmd, "api", APP, "--port", str(port), "--log-level", "warning"],
@@ -248,8 +250,8 @@ def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
         scenario, needs_worker = SCENARIOS[name]
         for _ in range(runs):
             with (
-                tempfile.TemporaryDirectory() as tmp,
-                service(f"{tmp}/http.db", worker=needs_worker) as (url, api),
+                report.backend_url("http") as backend,
+                service(backend, worker=needs_worker) as (url, api),
             ):
                 for key, value in asyncio.run(scenario(url, api)).items():
                     samples.setdefault(key, []).append(value)

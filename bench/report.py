@@ -3,15 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 Results = dict[str, dict[str, float]]
+
+
+@contextmanager
+def backend_url(name: str = "bench") -> Iterator[str]:
+    """A fresh, empty backend for one run: a SQLite file in a temporary directory, or, with
+    BENCH_REDIS_URL set, a new key prefix on that Redis (its keys deleted afterwards)."""
+    redis_url = os.environ.get("BENCH_REDIS_URL")
+    if not redis_url:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"sqlite:///{tmp}/{name}.db"
+        return
+    prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield f"{redis_url}?prefix={prefix}"
+    finally:
+        asyncio.run(_drop_prefix(redis_url, prefix))
+
+
+async def _drop_prefix(redis_url: str, prefix: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:*", count=5000)]
+        for start in range(0, len(keys), 1000):
+            await client.delete(*keys[start : start + 1000])
+    finally:
+        await client.aclose()
 
 
 def summarise(samples: dict[str, list[float]]) -> Results:

@@ -55,8 +55,10 @@ from .redis_codec import (
 )
 from .redis_link import RedisLink, Script
 from .redis_wake import WakeChannel
+from .redis_watch import StreamWatcher
 
 log = logging.getLogger("backburner.redis")
+
 
 _SCRIPTS = (
     "enqueue",
@@ -113,9 +115,11 @@ class RedisBackend:
         self._connections = connections
         self._scripts = _load_scripts()
         self._pool: Any = None
-        self._blocking: Any = None
+        self._blocking_pool: Any = None
+        self._pubsub: Any = None
         self._link: RedisLink | None = None
         self._wake: WakeChannel | None = None
+        self._watcher: StreamWatcher | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -126,11 +130,13 @@ class RedisBackend:
 
         options: dict[str, Any] = {
             "socket_connect_timeout": 5.0,
+            "socket_timeout": 5.0,  # a Redis that stops answering is an error after 5 s
             "health_check_interval": 0,
             "protocol": 2,  # the replies this module parses are RESP2 shapes
         }
         self._pool = ConnectionPool.from_url(self.url, **options)
-        self._blocking = Redis(connection_pool=ConnectionPool.from_url(self.url, **options))
+        self._blocking_pool = ConnectionPool.from_url(self.url, **options)
+        self._pubsub = Redis(connection_pool=ConnectionPool.from_url(self.url, **options))
         self._link = RedisLink(self._pool, where=self._where, connections=self._connections)
         self._link.start()
         try:
@@ -139,19 +145,26 @@ class RedisBackend:
         except BackendError as exc:
             await self.close()
             raise BackendError(f"cannot connect to {exc}") from None
-        self._wake = WakeChannel(self._blocking, self._p + "wake", where=self._where)
+        self._wake = WakeChannel(self._pubsub, self._p + "wake", where=self._where)
+        self._watcher = StreamWatcher(self._blocking_pool, self._link, self._p, where=self._where)
 
     async def close(self) -> None:
         link, self._link = self._link, None
         wake, self._wake = self._wake, None
         if wake is not None:
             await wake.close()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await watcher.close()
         if link is not None:
             await link.close()
-        if self._blocking is not None:
-            await self._blocking.aclose()
-            await self._blocking.connection_pool.disconnect()
-            self._blocking = None
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+            await self._pubsub.connection_pool.disconnect()
+            self._pubsub = None
+        if self._blocking_pool is not None:
+            await self._blocking_pool.disconnect()
+            self._blocking_pool = None
         if self._pool is not None:
             await self._pool.disconnect()
             self._pool = None
@@ -458,16 +471,9 @@ class RedisBackend:
         }
         if grown or timeout <= 0:
             return grown
-        streams = {self._p + "e:" + task_id: f"{after[task_id]}-0" for task_id in ids}
-        try:
-            found = await self._blocking.xread(streams, block=max(1, int(timeout * 1000)))
-        except Exception as exc:  # redis-py raises its own errors and OSError
-            raise BackendError(f"Redis at {self._where}: {exc}") from None
-        result: dict[str, int] = {}
-        for key, entries in found or ():
-            task_id = _text(key)[len(self._p) + 2 :]
-            result[task_id] = int(entries[-1][0].split(b"-", 1)[0])
-        return result
+        if self._watcher is None:
+            raise BackendError("the Redis backend is closed")
+        return await self._watcher.wait(after, timeout)
 
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         statuses = list(JobStatus)

@@ -213,3 +213,51 @@ async def test_an_appended_event_wakes_the_events_waiter(backend: Backend, write
         await source.append_event(job.task_id, job.fence, "token", {"t": "hi"}, now=T0)
         await _finishes_soon(waiting)
     assert waiting.result() == {job.task_id: 3}
+
+
+async def test_waits_cancelled_and_restarted_for_more_jobs_still_wake_at_once(
+    backend: Backend,
+) -> None:
+    """The pattern of an API process's event hub: every new stream cancels the wait and
+    starts one that covers one more job. The last wait must hear the newest job at once."""
+    jobs = [await drive(backend, JobStatus.PROCESSING) for _ in range(6)]
+    after: dict[str, int] = {}
+    for job in jobs:
+        after[job.task_id] = 2
+        waiting = asyncio.create_task(backend.wait_for_events(dict(after), timeout=LONG))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    waiting = asyncio.create_task(backend.wait_for_events(dict(after), timeout=LONG))
+    await asyncio.sleep(0.05)
+    newest = jobs[-1]
+    await backend.append_event(newest.task_id, newest.fence, "token", {"t": "hi"}, now=T0)
+    assert await _finishes_soon(waiting) < 1.0
+    assert waiting.result() == {newest.task_id: 3}
+
+
+@pytest.mark.slow
+async def test_a_wait_longer_than_a_network_timeout_still_wakes(backend: Backend) -> None:
+    """Nothing happens for 6 s (longer than a 5 s socket timeout), then an event comes."""
+    job = await drive(backend, JobStatus.PROCESSING)
+    waiting = asyncio.create_task(backend.wait_for_events({job.task_id: 2}, timeout=LONG))
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), waiting.result()  # nothing new yet: it must keep waiting
+    await backend.append_event(job.task_id, job.fence, "token", {"t": "late"}, now=T0)
+    assert await _finishes_soon(waiting) < 1.0
+    assert waiting.result() == {job.task_id: 3}
+
+
+@pytest.mark.slow
+async def test_a_job_wait_longer_than_a_network_timeout_still_wakes(backend: Backend) -> None:
+    waiting = await _parked(backend)
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+    await enqueue(backend, now=T0)
+    assert await _finishes_soon(waiting) < 1.0
