@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,14 @@ async def test_corrupt_and_unwritable_databases(tmp_path: Path) -> None:
 def test_bad_backend_urls(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Backburner(url)
+
+
+def test_a_redis_url_without_the_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
+    with pytest.raises(ConfigurationError, match=r"pip install 'backburner\[redis\]'"):
+        Backburner("redis://localhost:6379/0")
 
 
 def test_settings_check_their_types() -> None:
