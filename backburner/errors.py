@@ -6,6 +6,7 @@ The tree::
     ├── ConfigurationError          a bad setting or backend URL
     │   └── MissingDependencyError  an optional extra is not installed
     ├── BackendError                the storage failed (corrupt file, unwritable path, lost server)
+    │   └── BackendConnectionError  the connection broke mid-command: did it take effect? unknown
     ├── InvalidInputError           a bad argument to enqueue: input, priority, ttl, ...
     │   └── UnknownTaskError        no task registered under that name
     ├── JobNotFoundError            no such job (never existed, or deleted by its TTL)
@@ -45,6 +46,12 @@ class MissingDependencyError(ConfigurationError):
 
 class BackendError(BackburnerError):
     """The backend could not be opened, read or written."""
+
+
+class BackendConnectionError(BackendError):
+    """The connection to the backend broke during a command: whether it took effect is unknown.
+
+    Repeating a read is safe; a write must be checked or be harmless to repeat."""
 
 
 class InvalidInputError(BackburnerError):

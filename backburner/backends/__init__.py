@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, MissingDependencyError
 from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats
 
 __all__ = [
@@ -75,7 +75,7 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
     try:
         import redis  # noqa: F401
     except ImportError:
-        raise ConfigurationError(
+        raise MissingDependencyError(
             "the redis:// backend needs redis-py: pip install 'backburner[redis]'"
         ) from None
     from .redis import RedisBackend

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from ..errors import (
+    BackendConnectionError,
     BackendError,
     ConfigurationError,
     IdempotencyConflictError,
@@ -77,6 +78,12 @@ _SCRIPTS = (
     "read_events",
     "stats",
 )
+
+
+_SAFE_TO_REPEAT = frozenset(
+    {"read_jobs", "read_events", "read_heads", "next_due", "stats", "heartbeat"}
+)
+"""Scripts that change nothing (or, like a heartbeat, the same thing twice)."""
 
 
 def _load_scripts() -> dict[str, Script]:
@@ -175,7 +182,19 @@ class RedisBackend:
         return self._link
 
     async def _run(self, name: str, *args: str | int | float) -> Any:
-        return await self._conn().run(self._scripts[name], (self._tag_key,), (self._p, *args))
+        return await self._conn().run(
+            self._scripts[name],
+            (self._tag_key,),
+            (self._p, *args),
+            read_only=name in _SAFE_TO_REPEAT,
+        )
+
+    async def _read(self, *command: str | int | float) -> Any:
+        """A read-only command, sent once more if the connection breaks under it."""
+        try:
+            return await self._conn().call(*command)
+        except BackendConnectionError:
+            return await self._conn().call(*command)
 
     # -- producers ---------------------------------------------------------------------------
 
@@ -239,7 +258,7 @@ class RedisBackend:
         else:
             index = "i:all"
         top = "+inf" if below is None else f"({below}"
-        found = await self._conn().call(
+        found = await self._read(
             "ZREVRANGEBYSCORE",
             self._p + index,
             top,
@@ -375,9 +394,7 @@ class RedisBackend:
 
     async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
         """A stale writer hears about its lease first, whatever else is wrong with its write."""
-        status, current = await self._conn().call(
-            "HMGET", self._p + "j:" + task_id, "status", "fence"
-        )
+        status, current = await self._read("HMGET", self._p + "j:" + task_id, "status", "fence")
         if status != b'"processing"' or current != str(fence).encode():
             raise LeaseLostError(task_id, fence)
         raise error
@@ -420,7 +437,7 @@ class RedisBackend:
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
         if limit <= 0:
             return []
-        ids = await self._conn().call(
+        ids = await self._read(
             "ZRANGEBYSCORE", self._p + "leases", "-inf", number(now), "LIMIT", 0, limit
         )
         if not ids:

@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from ..errors import BackendError
+from ..errors import BackendConnectionError, BackendError
 
 Arg = str | bytes | int | float
 
@@ -43,6 +43,18 @@ def pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
         out.append(b"*%d\r\n" % len(args))
         out.extend(map(_bulk, args))
     return b"".join(out)
+
+
+IDLE_CHECK_S = 1.0
+"""A connection idle longer than this is PINGed before a batch goes out on it."""
+
+
+async def _answers(connection: AbstractConnection) -> bool:
+    try:
+        await connection.send_packed_command(b"*1\r\n$4\r\nPING\r\n", check_health=False)
+        return bool(await connection.read_response(disconnect_on_error=False))
+    except (RedisError, OSError):
+        return False
 
 
 class Script:
@@ -91,8 +103,19 @@ class RedisLink:
         self._ready.set()
         return await future
 
-    async def run(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        """Run a script by SHA1, loading it if Redis does not know it yet."""
+    async def run(
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, read_only: bool = False
+    ) -> Any:
+        """Run a script by SHA1, loading it if Redis does not know it yet. A ``read_only``
+        script is sent once more if the connection breaks under it."""
+        try:
+            return await self._evalsha(script, keys, args)
+        except BackendConnectionError:
+            if not read_only:
+                raise
+            return await self._evalsha(script, keys, args)
+
+    async def _evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         try:
             return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -106,7 +129,9 @@ class RedisLink:
                 future.set_exception(error)
 
     async def _flush_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         connection: AbstractConnection | None = None
+        last_used = loop.time()
         try:
             while True:
                 await self._ready.wait()
@@ -119,9 +144,14 @@ class RedisLink:
                 try:
                     if connection is None:
                         connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+                    elif loop.time() - last_used > IDLE_CHECK_S and not await _answers(connection):
+                        # Dropped while idle (a Redis restart, a proxy's idle timeout): find out
+                        # before sending, while it is still safe to send on another connection.
+                        await connection.disconnect(nowait=True)  # the send reconnects
                     await self._send(connection, batch)
+                    last_used = loop.time()
                 except (RedisError, OSError) as exc:
-                    error = BackendError(f"Redis at {self._where}: {exc}")
+                    error = BackendConnectionError(f"Redis at {self._where}: {exc}")
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(error)
@@ -148,7 +178,9 @@ class RedisLink:
                 # The connection is out of step: the rest of the batch has no reply to read.
                 for _, rest in batch[index:]:
                     if not rest.done():
-                        rest.set_exception(BackendError("the Redis connection was lost"))
+                        rest.set_exception(
+                            BackendConnectionError("the Redis connection was lost mid-command")
+                        )
                 raise
             if future.done():  # the caller was cancelled; its command ran all the same
                 continue

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..backends.base import Complete, Fail, Outcome, Release, RetryAt
 from ..context import JobContext, activate
-from ..errors import InvalidInputError, LeaseLostError
+from ..errors import BackendError, InvalidInputError, LeaseLostError
 from ..models import ErrorInfo, Job
 
 if TYPE_CHECKING:
@@ -112,30 +113,71 @@ def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:
     return app.retry_policy.after_failure(job, error, delay, now=app.clock.now())
 
 
+_OUTCOME_RECORD = {Complete: "completed", Fail: "failed", RetryAt: "retry", Release: "released"}
+
+
+async def _landed(app: Backburner, job: Job, outcome: Outcome) -> Job | None:
+    """The job as our outcome left it, if a write whose reply was lost did land; else None."""
+    try:
+        now = await app.backend.get(job.task_id)
+    except BackendError:
+        return None
+    if now is None or now.fence != job.fence or not now.history:
+        return None
+    last = now.history[-1]
+    expected_error = outcome.error if isinstance(outcome, Fail | RetryAt) else None
+    if last.outcome != _OUTCOME_RECORD[type(outcome)] or last.error != expected_error:
+        return None
+    return now
+
+
 async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
     """Write the outcome (fenced), then run the hooks for it."""
     job = attempt.job
     dead_letter_ttl = max(job.ttl_s, app.retry_policy.dead_letter_ttl_s)
-    for _ in range(2):
+    # A BackendError says nothing about the job: retry the same outcome while our lease may
+    # still hold, then give up without settling (the lease expires, the job runs again).
+    give_up = time.monotonic() + app.settings.lease_s
+    delay = 0.05
+    failures = 0
+    retried = False
+    while True:
         try:
             stored = await app.backend.finish(job.task_id, job.fence, outcome, now=app.clock.now())
             break
         except LeaseLostError:
+            # After a lost reply, "lease lost" may just be our own earlier write.
+            landed = await _landed(app, job, outcome) if retried else None
+            if landed is not None:
+                stored = landed
+                break
             log.info("job %s: lease lost before its outcome was written; dropped", job.task_id)
             attempt.settled = True
             return
         except InvalidInputError as exc:  # the result or usage cannot be stored
+            if isinstance(outcome, Fail):
+                raise
             error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
             outcome = Fail(error, dead_letter_ttl)
-        except Exception as exc:
+        except BackendError as exc:
+            if isinstance(outcome, Release) or time.monotonic() + delay > give_up:
+                log.warning(
+                    "job %s: outcome not stored (%s); the job runs again when its lease expires",
+                    job.task_id,
+                    exc,
+                )
+                return
+            log.info("job %s: outcome not stored (%s); retrying in %.2fs", job.task_id, exc, delay)
+            retried = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        except Exception as exc:  # a bug, not the storage: fail the job rather than loop
+            failures += 1
             log.exception("job %s: could not store its outcome", job.task_id)
-            if isinstance(outcome, Release):
+            if isinstance(outcome, Release) or failures > 1:
                 return  # the lease will expire and the sweeper re-queues the job
             error = ErrorInfo(type="internal_error", message=f"outcome not stored: {exc}")
             outcome = Fail(error, dead_letter_ttl)
-    else:
-        # Not settled: the worker stops renewing the lease, so the sweeper takes the job back.
-        return
     attempt.settled = True
     if isinstance(outcome, Complete):
         await app.hooks.complete(stored)

@@ -89,9 +89,7 @@ async def test_terminal_jobs_expire_by_redis_ttl_and_a_replay_keeps_them(
         assert await client.zscore(index, job.task_id) is None, index
 
 
-async def test_a_queued_job_costs_under_two_kilobytes(
-    engine: RedisBackend, client: Redis
-) -> None:
+async def test_a_queued_job_costs_under_two_kilobytes(engine: RedisBackend, client: Redis) -> None:
     before = await keys_of(client, engine.prefix)
     jobs: list[Any] = [await enqueue(engine, "summarize", now=T0) for _ in range(20)]
     job_keys = [k for k in await keys_of(client, engine.prefix) if jobs[-1].task_id in k]
