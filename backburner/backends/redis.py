@@ -123,7 +123,6 @@ class RedisBackend:
         self._scripts = _load_scripts()
         self._pool: Any = None
         self._blocking_pool: Any = None
-        self._pubsub: Any = None
         self._link: RedisLink | None = None
         self._wake: WakeChannel | None = None
         self._watcher: StreamWatcher | None = None
@@ -133,7 +132,7 @@ class RedisBackend:
     async def connect(self) -> None:
         if self._link is not None:
             return
-        from redis.asyncio import ConnectionPool, Redis
+        from redis.asyncio import ConnectionPool
 
         options: dict[str, Any] = {
             "socket_connect_timeout": 5.0,
@@ -143,7 +142,6 @@ class RedisBackend:
         }
         self._pool = ConnectionPool.from_url(self.url, **options)
         self._blocking_pool = ConnectionPool.from_url(self.url, **options)
-        self._pubsub = Redis(connection_pool=ConnectionPool.from_url(self.url, **options))
         self._link = RedisLink(self._pool, where=self._where, connections=self._connections)
         self._link.start()
         try:
@@ -152,7 +150,7 @@ class RedisBackend:
         except BackendError as exc:
             await self.close()
             raise BackendError(f"cannot connect to {exc}") from None
-        self._wake = WakeChannel(self._pubsub, self._p + "wake", where=self._where)
+        self._wake = WakeChannel(self._blocking_pool, self._p + "wake", where=self._where)
         self._watcher = StreamWatcher(self._blocking_pool, self._link, self._p, where=self._where)
 
     async def close(self) -> None:
@@ -165,10 +163,6 @@ class RedisBackend:
             await watcher.close()
         if link is not None:
             await link.close()
-        if self._pubsub is not None:
-            await self._pubsub.aclose()
-            await self._pubsub.connection_pool.disconnect()
-            self._pubsub = None
         if self._blocking_pool is not None:
             await self._blocking_pool.disconnect()
             self._blocking_pool = None

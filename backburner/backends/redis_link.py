@@ -190,3 +190,36 @@ class RedisLink:
                 future.set_exception(BackendError(f"Redis refused a command: {reply}"))
             else:
                 future.set_result(reply)
+
+
+class Dedicated:
+    """A connection of its own for one long-lived reader (a subscription, a blocking read).
+
+    Closing drops the connection first, which ends a pending read with an error, and only then
+    waits for the reader: redis-py does not always abandon a cancelled read cleanly.
+    """
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        self.connection: AbstractConnection | None = None
+        self.closing = False
+
+    async def open(self) -> AbstractConnection:
+        self.connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        return self.connection
+
+    async def drop(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            await connection.disconnect(nowait=True)
+            await self._pool.release(connection)
+
+    async def close(self, reader: asyncio.Task[None] | None) -> None:
+        self.closing = True
+        if self.connection is not None:
+            await self.connection.disconnect(nowait=True)
+        if reader is not None:
+            done, _ = await asyncio.wait({reader}, timeout=1.0)
+            if not done:  # it was sleeping between reconnects, not reading
+                reader.cancel()
+                await asyncio.wait({reader}, timeout=1.0)

@@ -10,9 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from redis.asyncio.connection import ConnectionPool
+from redis.exceptions import RedisError
+
+from .redis_link import Dedicated, pack
 
 log = logging.getLogger("backburner.redis")
 
@@ -24,10 +29,10 @@ class _Listener:
 
 
 class WakeChannel:
-    """One Pub/Sub subscription shared by every waiter of a process; resubscribes after errors."""
+    """One subscription shared by every waiter of a process; resubscribes after errors."""
 
-    def __init__(self, client: Any, channel: str, *, where: str) -> None:
-        self._client = client
+    def __init__(self, pool: ConnectionPool, channel: str, *, where: str) -> None:
+        self._dedicated = Dedicated(pool)
         self._channel = channel
         self._where = where
         self._listeners: set[_Listener] = set()
@@ -56,10 +61,8 @@ class WakeChannel:
         return self._subscribed.is_set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._dedicated.close(self._task)
+        self._task = None
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -68,35 +71,32 @@ class WakeChannel:
 
     async def _receive(self) -> None:
         failures = 0
-        while True:
-            delay = 0.05
-            pubsub = self._client.pubsub()
+        while not self._dedicated.closing:
             try:
-                await pubsub.subscribe(self._channel)
-                async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
+                connection = await self._dedicated.open()
+                await connection.send_packed_command(pack([("SUBSCRIBE", self._channel)]))
+                while True:
+                    kind, _, data = await connection.read_response(
+                        timeout=math.inf, disconnect_on_error=False
+                    )
+                    if kind == b"subscribe":
                         self._subscribed.set()
                         failures = 0
-                    elif message["type"] == "message":
-                        kind = message["data"]
+                    elif kind == b"message":
                         for listener in self._listeners:
-                            if listener.types is None or kind in listener.types:
+                            if listener.types is None or data in listener.types:
                                 listener.woken.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # redis-py's errors and OSError: reconnect with backoff
+            except Exception as exc:
+                if self._dedicated.closing:
+                    return  # close() dropped the connection under us
+                if not isinstance(exc, RedisError | OSError | TimeoutError):
+                    log.exception("Redis at %s: unexpected error; reconnecting", self._where)
                 failures += 1
-                delay = min(5.0, 0.05 * 2**failures)
                 if failures <= 3 or failures % 20 == 0:
-                    log.warning(
-                        "Redis at %s: wake-up channel lost (%s); retrying in %.2fs",
-                        self._where,
-                        exc,
-                        delay,
-                    )
+                    log.warning("Redis at %s: wake-up channel lost (%s)", self._where, exc)
             finally:
+                # Waiters look again (and see the error) rather than wait for a lost channel.
                 self._subscribed.clear()
                 self._wake_all()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            await asyncio.sleep(delay)
+                await self._dedicated.drop()
+            await asyncio.sleep(min(5.0, 0.05 * 2**failures))

@@ -20,7 +20,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisError
 
 from ..errors import BackendError
-from .redis_link import RedisLink, pack
+from .redis_link import Dedicated, RedisLink, pack
 
 log = logging.getLogger("backburner.redis")
 
@@ -40,7 +40,7 @@ class StreamWatcher:
     """Shared by every ``wait_for_events`` call of one backend instance."""
 
     def __init__(self, pool: ConnectionPool, link: RedisLink, prefix: str, *, where: str) -> None:
-        self._pool = pool
+        self._dedicated = Dedicated(pool)
         self._link = link
         self._prefix = prefix
         self._where = where
@@ -68,10 +68,9 @@ class StreamWatcher:
             self._waiters.discard(waiter)
 
     async def close(self) -> None:
-        for task in (self._task, self._unblocking):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        if self._unblocking is not None:
+            self._unblocking.cancel()
+        await self._dedicated.close(self._task)
         self._task = self._unblocking = None
 
     def _unblock(self) -> None:
@@ -91,31 +90,30 @@ class StreamWatcher:
 
     async def _run(self) -> None:
         failures = 0
-        while True:
-            connection: AbstractConnection | None = None
+        while not self._dedicated.closing:
             try:
-                connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+                connection = await self._dedicated.open()
                 await connection.send_packed_command(pack([("CLIENT", "ID")]))
                 self._client_id = int(await connection.read_response())
                 while True:
                     await self._read_once(connection)
                     failures = 0
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError, TimeoutError) as exc:
+            except Exception as exc:
+                if self._dedicated.closing:
+                    return  # close() dropped the connection under us
+                if not isinstance(exc, RedisError | OSError | TimeoutError):
+                    log.exception("Redis at %s: unexpected error; reconnecting", self._where)
                 failures += 1
                 error = BackendError(f"Redis at {self._where}: {exc or 'no answer'}")
                 for waiter in list(self._waiters):
                     if not waiter.done.done():
                         waiter.done.set_exception(error)
                         waiter.done.exception()  # retrieved: a waiter may have timed out
-                await asyncio.sleep(min(5.0, 0.05 * 2**failures))
             finally:
                 self._reading = None
                 self._client_id = None
-                if connection is not None:
-                    await connection.disconnect(nowait=True)
-                    await self._pool.release(connection)
+                await self._dedicated.drop()
+            await asyncio.sleep(min(5.0, 0.05 * 2**failures))
 
     async def _read_once(self, connection: AbstractConnection) -> None:
         self._changed.clear()

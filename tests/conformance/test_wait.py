@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from backburner.backends import Backend
 from backburner.backends.base import Release, RetryAt
 from backburner.models import JobStatus
 
-from ._support import T0, drive, enqueue, error, peer
+from ._support import T0, drive, enqueue, error, opened, peer
 
 LONG = 30.0
 """The timeout passed to waits that should end early."""
@@ -261,3 +262,23 @@ async def test_a_job_wait_longer_than_a_network_timeout_still_wakes(backend: Bac
         assert not waiting.done()
     await enqueue(backend, now=T0)
     assert await _finishes_soon(waiting) < 1.0
+
+
+async def test_close_returns_promptly_after_waits_of_both_kinds(
+    backend_kind: str, tmp_path: Path
+) -> None:
+    """A worker process must be able to exit: closing never hangs on a wait's machinery."""
+    for round_ in range(10):
+        async with opened(backend_kind, tmp_path / str(round_)) as engine:
+            job = await drive(engine, JobStatus.PROCESSING)
+            waits = [
+                asyncio.create_task(engine.wait_for_jobs(now=T0, timeout=LONG, types=["x"])),
+                asyncio.create_task(engine.wait_for_events({job.task_id: 2}, timeout=LONG)),
+            ]
+            await asyncio.sleep(0.01 * round_)
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+            started = time.monotonic()
+            await asyncio.wait_for(engine.close(), PATIENCE)
+            assert time.monotonic() - started < 2.0
