@@ -218,7 +218,7 @@ class RedisBackend:
             assert job.idempotency_key is not None
             raise IdempotencyConflictError(job.idempotency_key, _text(reply[1]))
         if status == b"duplicate":
-            return decode_job(*reply[1]), False
+            return decode_job(reply[1]), False
         if status == b"full":
             raise QueueFullError(
                 f"the queue holds {reply[1]} jobs, its limit (max_queue_size) is "
@@ -230,7 +230,7 @@ class RedisBackend:
 
     async def get(self, task_id: str) -> Job | None:
         rows = await self._run("read_jobs", task_id)
-        return decode_job(*rows[0]) if rows[0] else None
+        return decode_job(rows[0]) if rows[0] else None
 
     async def list_jobs(
         self,
@@ -358,7 +358,7 @@ class RedisBackend:
         )
         if reply[0] != b"ok":
             raise LeaseLostError(task_id, fence)
-        return decode_job(*reply[1])
+        return decode_job(reply[1])
 
     @staticmethod
     def _outcome_args(outcome: Outcome, now: float) -> list[str]:
@@ -397,7 +397,7 @@ class RedisBackend:
         reply = await self._run("cancel", task_id, number(now))
         if reply[0] == b"missing":
             raise JobNotFoundError(task_id)
-        return decode_job(*reply[1]), reply[0] == b"ok"
+        return decode_job(reply[1]), reply[0] == b"ok"
 
     async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
         flat = await self._run("poll_cancellations", worker_id)
@@ -413,7 +413,7 @@ class RedisBackend:
             raise InvalidTransitionError(
                 f"only failed jobs can be replayed; job {task_id} is {_text(reply[1])}"
             )
-        return decode_job(*reply[1])
+        return decode_job(reply[1])
 
     async def delete(self, task_id: str) -> bool:
         reply = await self._run("delete", task_id)

@@ -3,8 +3,9 @@
 A job is two keys. ``s:<id>`` holds what never changes as JSON object members (input, metadata,
 ...). ``j:<id>`` is a hash of what does: each field named like a ``Job`` field holds JSON text
 (Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
-the backend's own bookkeeping. Reading a job joins both into one JSON document that
-pydantic-core parses in one call; nothing is decoded twice.
+the backend's own bookkeeping. The script that reads a job joins both into one JSON document
+(``read_job`` in ``redis_lua/prelude.lua``), which pydantic-core parses in one call: the
+worker process, the busier side, only parses.
 """
 
 from __future__ import annotations
@@ -88,39 +89,14 @@ def new_job_fields(job: NewJob) -> list[str]:
     return fields
 
 
-def decode_job(spec: bytes, flat: list[bytes]) -> Job:
-    """Build a Job from its spec and its hash as HGETALL returns it (field, value, ...)."""
-    parts = [b"{", spec]
-    percent = b"0"
-    message: bytes | None = None
-    closed = b""
-    current = b""
-    for index in range(0, len(flat), 2):
-        name = flat[index]
-        value = flat[index + 1]
-        if name[:1] != b"_":
-            parts += (b',"', name, b'":', value)
-        elif name == b"_pp":
-            percent = value
-        elif name == b"_pm":
-            message = value
-        elif name == b"_hist":
-            closed = value
-        elif name == b"_cur":
-            current = value + b"}"
-    parts += (b',"progress":{"percent":', percent)
-    if message is not None:
-        parts += (b',"message":', message)
-    parts += (b'},"history":[', closed)
-    if closed and current:
-        parts.append(b",")
-    parts += (current, b"]}")
-    return Job.model_validate_json(b"".join(parts))
+def decode_job(document: bytes) -> Job:
+    """A Job from the JSON document a script builds (``read_job`` in redis_lua/prelude.lua)."""
+    return Job.model_validate_json(document)
 
 
-def decode_jobs(rows: list[Any]) -> list[Job]:
-    """Jobs from a script's list of [spec, fields] (rows of jobs that vanished are false)."""
-    return [decode_job(row[0], row[1]) for row in rows if row]
+def decode_jobs(documents: list[Any]) -> list[Job]:
+    """Jobs from a script's list of documents (jobs that vanished are false, so skipped)."""
+    return [Job.model_validate_json(document) for document in documents if document]
 
 
 def decode_events(task_id: str, entries: list[Any]) -> list[Event]:

@@ -36,10 +36,33 @@ local function event(id, type, data, at)
   return seq
 end
 
+-- The job as one JSON document, ready for pydantic to parse: the spec's members, every hash
+-- field named like a Job field, then progress and history from our own fields.
 local function read_job(id)
   local spec = redis.call('GET', skey(id))
   if not spec then return false end
-  return {spec, redis.call('HGETALL', jkey(id))}
+  local flat = redis.call('HGETALL', jkey(id))
+  local parts = {'{', spec}
+  local percent, message, closed, current = '0', nil, '', nil
+  for i = 1, #flat, 2 do
+    local name, value = flat[i], flat[i + 1]
+    if string.byte(name, 1) ~= 95 then -- not "_"
+      parts[#parts + 1] = ',"' .. name .. '":' .. value
+    elseif name == '_pp' then percent = value
+    elseif name == '_pm' then message = value
+    elseif name == '_hist' then closed = value
+    elseif name == '_cur' then current = value .. '}'
+    end
+  end
+  parts[#parts + 1] = ',"progress":{"percent":' .. percent
+  if message then parts[#parts + 1] = ',"message":' .. message end
+  parts[#parts + 1] = '},"history":[' .. closed
+  if current then
+    if closed ~= '' then parts[#parts + 1] = ',' end
+    parts[#parts + 1] = current
+  end
+  parts[#parts + 1] = ']}'
+  return table.concat(parts)
 end
 
 -- The queue member orders by priority, then run_at, then enqueue order (all fixed width).
