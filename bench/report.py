@@ -31,19 +31,9 @@ def backend_url(name: str = "bench") -> Iterator[str]:
     try:
         yield f"{redis_url}?prefix={prefix}"
     finally:
-        asyncio.run(_drop_prefix(redis_url, prefix))
+        from backburner.backends.redis import delete_all_keys
 
-
-async def _drop_prefix(redis_url: str, prefix: str) -> None:
-    from redis.asyncio import Redis
-
-    client = Redis.from_url(redis_url)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:*", count=5000)]
-        for start in range(0, len(keys), 1000):
-            await client.delete(*keys[start : start + 1000])
-    finally:
-        await client.aclose()
+        asyncio.run(delete_all_keys(redis_url, prefix))
 
 
 def summarise(samples: dict[str, list[float]]) -> Results:

@@ -13,7 +13,7 @@ import pytest
 
 from backburner.backends import Backend
 from backburner.backends.memory import MemoryBackend
-from backburner.backends.redis import RedisBackend
+from backburner.backends.redis import RedisBackend, delete_all_keys
 from backburner.backends.sqlite import SQLiteBackend
 from backburner.clock import ManualClock
 
@@ -56,17 +56,8 @@ def make_backend(kind: str, tmp_path: Path, **options: int | None) -> Backend:
 
 async def drop_redis_keys(engine: Backend) -> None:
     """Delete every key under a test backend's prefix (tests never flush the database)."""
-    if not isinstance(engine, RedisBackend):
-        return
-    from redis.asyncio import Redis
-
-    client = Redis.from_url(REDIS_TEST_URL)
-    try:
-        keys = [key async for key in client.scan_iter(match=f"{{{engine.prefix}}}:*", count=1000)]
-        for start in range(0, len(keys), 500):
-            await client.delete(*keys[start : start + 500])
-    finally:
-        await client.aclose()
+    if isinstance(engine, RedisBackend):
+        await delete_all_keys(REDIS_TEST_URL, engine.prefix)
 
 
 @pytest.fixture(params=BACKENDS)

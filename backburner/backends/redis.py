@@ -514,3 +514,20 @@ class RedisBackend:
             count_of[JobStatus.FAILED],
             seen,
         )
+
+
+async def delete_all_keys(url: str, prefix: str) -> int:
+    """Delete every key of the deployment under ``prefix``: all its jobs, irreversibly.
+
+    For tests and benchmarks, which each use a prefix of their own; returns how many keys."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url)
+    deleted = 0
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:*", count=5000)]
+        for start in range(0, len(keys), 1000):
+            deleted += await client.delete(*keys[start : start + 1000])
+    finally:
+        await client.aclose()
+    return deleted

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
@@ -20,6 +21,8 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from ..errors import BackendConnectionError, BackendError
 
 Arg = str | bytes | int | float
+
+log = logging.getLogger("backburner.redis")
 
 MAX_BATCH = 512
 
@@ -203,6 +206,7 @@ class Dedicated:
         self._pool = pool
         self.connection: AbstractConnection | None = None
         self.closing = False
+        self.failures = 0
 
     async def open(self) -> AbstractConnection:
         self.connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
@@ -213,6 +217,30 @@ class Dedicated:
         if connection is not None:
             await connection.disconnect(nowait=True)
             await self._pool.release(connection)
+
+    async def serve(
+        self,
+        session: Callable[[AbstractConnection], Awaitable[None]],
+        *,
+        lost: Callable[[Exception], None],
+        where: str,
+    ) -> None:
+        """Run ``session`` on a connection until close(); after a failure tell ``lost`` and
+        run it on a new connection, backing off from 0.1 s to 5 s (a session that works
+        resets ``failures`` to 0)."""
+        while not self.closing:
+            try:
+                await session(await self.open())
+            except Exception as exc:
+                if self.closing:
+                    return  # close() dropped the connection under us
+                if not isinstance(exc, RedisError | OSError | TimeoutError):
+                    log.exception("Redis at %s: unexpected error; reconnecting", where)
+                self.failures += 1
+                lost(exc)
+            finally:
+                await self.drop()
+            await asyncio.sleep(min(5.0, 0.05 * 2**self.failures))
 
     async def close(self, reader: asyncio.Task[None] | None) -> None:
         self.closing = True

@@ -14,8 +14,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from redis.asyncio.connection import ConnectionPool
-from redis.exceptions import RedisError
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from .redis_link import Dedicated, pack
 
@@ -70,33 +69,28 @@ class WakeChannel:
             listener.woken.set()
 
     async def _receive(self) -> None:
-        failures = 0
-        while not self._dedicated.closing:
-            try:
-                connection = await self._dedicated.open()
-                await connection.send_packed_command(pack([("SUBSCRIBE", self._channel)]))
-                while True:
-                    kind, _, data = await connection.read_response(
-                        timeout=math.inf, disconnect_on_error=False
-                    )
-                    if kind == b"subscribe":
-                        self._subscribed.set()
-                        failures = 0
-                    elif kind == b"message":
-                        for listener in self._listeners:
-                            if listener.types is None or data in listener.types:
-                                listener.woken.set()
-            except Exception as exc:
-                if self._dedicated.closing:
-                    return  # close() dropped the connection under us
-                if not isinstance(exc, RedisError | OSError | TimeoutError):
-                    log.exception("Redis at %s: unexpected error; reconnecting", self._where)
-                failures += 1
-                if failures <= 3 or failures % 20 == 0:
-                    log.warning("Redis at %s: wake-up channel lost (%s)", self._where, exc)
-            finally:
-                # Waiters look again (and see the error) rather than wait for a lost channel.
-                self._subscribed.clear()
-                self._wake_all()
-                await self._dedicated.drop()
-            await asyncio.sleep(min(5.0, 0.05 * 2**failures))
+        await self._dedicated.serve(self._session, lost=self._lost, where=self._where)
+
+    async def _session(self, connection: AbstractConnection) -> None:
+        await connection.send_packed_command(pack([("SUBSCRIBE", self._channel)]))
+        try:
+            while True:
+                kind, _, data = await connection.read_response(
+                    timeout=math.inf, disconnect_on_error=False
+                )
+                if kind == b"subscribe":
+                    self._subscribed.set()
+                    self._dedicated.failures = 0
+                elif kind == b"message":
+                    for listener in self._listeners:
+                        if listener.types is None or data in listener.types:
+                            listener.woken.set()
+        finally:
+            # Waiters look again (and see the error) rather than wait for a lost channel.
+            self._subscribed.clear()
+            self._wake_all()
+
+    def _lost(self, error: Exception) -> None:
+        failures = self._dedicated.failures
+        if failures <= 3 or failures % 20 == 0:
+            log.warning("Redis at %s: wake-up channel lost (%s)", self._where, error)

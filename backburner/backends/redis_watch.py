@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import RedisError
 
 from ..errors import BackendError
 from .redis_link import Dedicated, RedisLink, pack
@@ -89,31 +88,25 @@ class StreamWatcher:
             await asyncio.sleep(0.001)
 
     async def _run(self) -> None:
-        failures = 0
-        while not self._dedicated.closing:
-            try:
-                connection = await self._dedicated.open()
-                await connection.send_packed_command(pack([("CLIENT", "ID")]))
-                self._client_id = int(await connection.read_response())
-                while True:
-                    await self._read_once(connection)
-                    failures = 0
-            except Exception as exc:
-                if self._dedicated.closing:
-                    return  # close() dropped the connection under us
-                if not isinstance(exc, RedisError | OSError | TimeoutError):
-                    log.exception("Redis at %s: unexpected error; reconnecting", self._where)
-                failures += 1
-                error = BackendError(f"Redis at {self._where}: {exc or 'no answer'}")
-                for waiter in list(self._waiters):
-                    if not waiter.done.done():
-                        waiter.done.set_exception(error)
-                        waiter.done.exception()  # retrieved: a waiter may have timed out
-            finally:
-                self._reading = None
-                self._client_id = None
-                await self._dedicated.drop()
-            await asyncio.sleep(min(5.0, 0.05 * 2**failures))
+        await self._dedicated.serve(self._session, lost=self._lost, where=self._where)
+
+    async def _session(self, connection: AbstractConnection) -> None:
+        await connection.send_packed_command(pack([("CLIENT", "ID")]))
+        self._client_id = int(await connection.read_response())
+        try:
+            while True:
+                await self._read_once(connection)
+                self._dedicated.failures = 0
+        finally:
+            self._reading = None
+            self._client_id = None
+
+    def _lost(self, exc: Exception) -> None:
+        error = BackendError(f"Redis at {self._where}: {exc or 'no answer'}")
+        for waiter in list(self._waiters):
+            if not waiter.done.done():
+                waiter.done.set_exception(error)
+                waiter.done.exception()  # retrieved: a waiter may have timed out
 
     async def _read_once(self, connection: AbstractConnection) -> None:
         self._changed.clear()
