@@ -10,12 +10,7 @@ for _, id in ipairs(due) do
   redis.call('ZREM', DELAYED, id)
 end
 
-local types = {}
-if #ARGV > 7 then
-  for i = 8, #ARGV do types[#types + 1] = ARGV[i] end
-else
-  types = redis.call('SMEMBERS', P .. 'types')
-end
+local types = types_from(8)
 
 -- A ready job is due unless the clock of whoever queued it ran ahead of ours: skip those.
 local now_code = ARGV[7]

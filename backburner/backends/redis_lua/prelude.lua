@@ -19,6 +19,14 @@ local WAKE = P .. 'wake'
 local function num(x) return string.format('%.17g', x) end
 local function raw(json_string) return string.sub(json_string, 2, -2) end
 
+-- The task types in ARGV from index first on; none given means every type ever enqueued.
+local function types_from(first)
+  if #ARGV < first then return redis.call('SMEMBERS', P .. 'types') end
+  local types = {}
+  for i = first, #ARGV do types[#types + 1] = ARGV[i] end
+  return types
+end
+
 local function reindex(id, ty, seq, from, to)
   if from then
     redis.call('ZREM', P .. 'i:s:' .. from, id)
