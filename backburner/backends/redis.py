@@ -20,7 +20,6 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from ..errors import (
-    BackendConnectionError,
     BackendError,
     ConfigurationError,
     IdempotencyConflictError,
@@ -145,8 +144,9 @@ class RedisBackend:
         self._link = RedisLink(self._pool, where=self._where, connections=self._connections)
         self._link.start()
         try:
-            for script in self._scripts.values():
-                await self._link.call("SCRIPT", "LOAD", script.source)
+            await asyncio.gather(
+                *(self._link.call("SCRIPT", "LOAD", s.source) for s in self._scripts.values())
+            )
         except BackendError as exc:
             await self.close()
             raise BackendError(f"cannot connect to {exc}") from None
@@ -184,11 +184,7 @@ class RedisBackend:
         )
 
     async def _read(self, *command: str | int | float) -> Any:
-        """A read-only command, sent once more if the connection breaks under it."""
-        try:
-            return await self._conn().call(*command)
-        except BackendConnectionError:
-            return await self._conn().call(*command)
+        return await self._conn().call(*command, read_only=True)
 
     # -- producers ---------------------------------------------------------------------------
 

@@ -97,33 +97,35 @@ class RedisLink:
         self._flushers = []
         self._fail_pending(BackendError("the Redis backend is closed"))
 
-    async def call(self, *args: Arg) -> Any:
-        """Send one command; its reply, or BackendError."""
+    async def call(self, *args: Arg, read_only: bool = False) -> Any:
+        """Send one command; its reply, or BackendError. A ``read_only`` command is sent once
+        more if the connection breaks under it (a write never is: it may have taken effect)."""
+        try:
+            return await self._send_one(args)
+        except BackendConnectionError:
+            if not read_only:
+                raise
+            return await self._send_one(args)
+
+    async def run(
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, read_only: bool = False
+    ) -> Any:
+        """Run a script by SHA1, loading it if Redis does not know it yet (``read_only`` as
+        for call)."""
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        try:
+            return await self.call(*command, read_only=read_only)
+        except NoScriptError:
+            await self.call("SCRIPT", "LOAD", script.source)
+            return await self.call(*command, read_only=read_only)
+
+    async def _send_one(self, args: tuple[Arg, ...]) -> Any:
         if self._closed or not self._flushers:
             raise BackendError("the Redis backend is not connected (call connect() first)")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((args, future))
         self._ready.set()
         return await future
-
-    async def run(
-        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, read_only: bool = False
-    ) -> Any:
-        """Run a script by SHA1, loading it if Redis does not know it yet. A ``read_only``
-        script is sent once more if the connection breaks under it."""
-        try:
-            return await self._evalsha(script, keys, args)
-        except BackendConnectionError:
-            if not read_only:
-                raise
-            return await self._evalsha(script, keys, args)
-
-    async def _evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        try:
-            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.call("SCRIPT", "LOAD", script.source)
-            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _fail_pending(self, error: Exception) -> None:
         pending, self._pending = self._pending, []
