@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,27 @@ def fingerprint(task_type: str, payload: dict[str, Any]) -> str:
     """A stable digest of what a job does, to tell a repeated request from a different one."""
     canonical = json.dumps([task_type, payload], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_slot_args(
+    key: str, holder: str | None = None, *, limit: int | None = None, lease_s: float | None = None
+) -> None:
+    """Refuse what no slot call accepts (InvalidInputError), the same way in every backend: an
+    empty ``key`` or ``holder``, a ``limit`` below 1, a ``lease_s`` that is not a positive
+    finite number."""
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"a slot key must be a non-empty string, not {key!r}")
+    if holder is not None and (not isinstance(holder, str) or not holder):
+        raise InvalidInputError(f"a slot holder must be a non-empty string, not {holder!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInputError(f"a slot limit must be an integer >= 1, not {limit!r}")
+    if lease_s is not None and (
+        isinstance(lease_s, bool)
+        or not isinstance(lease_s, int | float)
+        or not math.isfinite(lease_s)
+        or lease_s <= 0
+    ):
+        raise InvalidInputError(f"a slot lease must be a number of seconds > 0, not {lease_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,4 +344,41 @@ class Backend(Protocol):
 
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         """Counts by status, queued jobs by priority, DLQ size, workers seen in the window."""
+        ...
+
+    # -- concurrency slots -------------------------------------------------------------------
+    # A counting semaphore with leases, shared by every process on the store: "at most N
+    # concurrent calls to model X". A holder that dies without releasing its slot loses it
+    # when its lease ends. A lease is live while expires_at > now. Every call raises
+    # InvalidInputError for an empty key or holder, limit < 1 or a lease_s that is not a
+    # positive finite number (``check_slot_args``), before it changes anything.
+
+    async def acquire_slot(
+        self, key: str, holder: str, *, limit: int, lease_s: float, now: float
+    ) -> bool:
+        """Take one of ``limit`` slots named ``key`` for ``holder`` until ``now + lease_s``.
+
+        Atomic: drops holders whose lease ended (expires_at <= now) first, then adds ``holder``
+        if fewer than ``limit`` remain. Idempotent: a holder that already holds a slot keeps it
+        and its lease is extended (to ``now + lease_s``, even when the limit has since been
+        lowered below the number of holders). False when all ``limit`` slots are held by
+        others. Two acquirers never both get the last slot, across processes too.
+        """
+        ...
+
+    async def renew_slot(self, key: str, holder: str, *, lease_s: float, now: float) -> bool:
+        """Extend ``holder``'s lease to ``now + lease_s``; False if it holds no live slot any more
+        (its lease ended, whether or not someone else took the slot since).
+
+        Atomic; repeating it is harmless. A renewal never brings back a lease that ended: the
+        holder must acquire again (and may find the slots full).
+        """
+        ...
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        """Give the slot back. Idempotent: releasing a slot not held does nothing."""
+        ...
+
+    async def slots_in_use(self, key: str, *, now: float) -> int:
+        """How many live (unexpired) holders ``key`` has. A pure read."""
         ...

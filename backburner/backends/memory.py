@@ -35,6 +35,7 @@ from .base import (
     RetryAt,
     Stats,
     WorkerInfo,
+    check_slot_args,
     parse_cursor,
 )
 
@@ -71,6 +72,8 @@ class MemoryBackend:
         self._workers: dict[str, WorkerInfo] = {}
         self._seq = itertools.count(1)
         self._waiters: set[asyncio.Future[None]] = set()
+        self._slots: dict[str, dict[str, float]] = {}
+        """Slot key -> {holder: expires_at}; a key with no holders left is dropped."""
 
     async def connect(self) -> None:
         return None
@@ -485,3 +488,45 @@ class MemoryBackend:
             counts[JobStatus.FAILED],
             workers,
         )
+
+    # -- concurrency slots -------------------------------------------------------------------
+
+    def _live_holders(self, key: str, now: float) -> dict[str, float]:
+        """The holders of ``key`` whose lease has not ended, with the ended ones dropped."""
+        holders = self._slots.get(key, {})
+        for holder in [h for h, expires_at in holders.items() if expires_at <= now]:
+            del holders[holder]
+        return holders
+
+    async def acquire_slot(
+        self, key: str, holder: str, *, limit: int, lease_s: float, now: float
+    ) -> bool:
+        check_slot_args(key, holder, limit=limit, lease_s=lease_s)
+        holders = self._live_holders(key, now)
+        if holder not in holders and len(holders) >= limit:
+            return False  # limit >= 1, so ``holders`` is not empty: the key stays
+        self._slots[key] = holders
+        holders[holder] = now + lease_s
+        return True
+
+    async def renew_slot(self, key: str, holder: str, *, lease_s: float, now: float) -> bool:
+        check_slot_args(key, holder, lease_s=lease_s)
+        holders = self._live_holders(key, now)
+        if holder not in holders:
+            if not holders:
+                self._slots.pop(key, None)
+            return False
+        holders[holder] = now + lease_s
+        return True
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        check_slot_args(key, holder)
+        holders = self._slots.get(key)
+        if holders is not None:
+            holders.pop(holder, None)
+            if not holders:
+                del self._slots[key]
+
+    async def slots_in_use(self, key: str, *, now: float) -> int:
+        check_slot_args(key)
+        return sum(1 for expires_at in self._slots.get(key, {}).values() if expires_at > now)

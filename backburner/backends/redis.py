@@ -41,6 +41,7 @@ from .base import (
     RetryAt,
     Stats,
     WorkerInfo,
+    check_slot_args,
     parse_cursor,
 )
 from .redis_codec import (
@@ -76,13 +77,25 @@ _SCRIPTS = (
     "read_heads",
     "read_events",
     "stats",
+    "slot_acquire",
+    "slot_renew",
 )
 
 
 _SAFE_TO_REPEAT = frozenset(
-    {"read_jobs", "read_events", "read_heads", "next_due", "stats", "heartbeat"}
+    {
+        "read_jobs",
+        "read_events",
+        "read_heads",
+        "next_due",
+        "stats",
+        "heartbeat",
+        "slot_acquire",
+        "slot_renew",
+    }
 )
-"""Scripts that change nothing (or, like a heartbeat, the same thing twice)."""
+"""Scripts that change nothing (or, like a heartbeat or a slot's acquire, the same thing
+twice)."""
 
 
 def _load_scripts() -> dict[str, Script]:
@@ -510,6 +523,31 @@ class RedisBackend:
             count_of[JobStatus.FAILED],
             seen,
         )
+
+    # -- concurrency slots: a sorted set {bb}:slot:<key> of holder -> lease end --------------
+
+    async def acquire_slot(
+        self, key: str, holder: str, *, limit: int, lease_s: float, now: float
+    ) -> bool:
+        check_slot_args(key, holder, limit=limit, lease_s=lease_s)
+        reply = await self._run(
+            "slot_acquire", key, holder, limit, number(now), number(now + lease_s)
+        )
+        return bool(reply)
+
+    async def renew_slot(self, key: str, holder: str, *, lease_s: float, now: float) -> bool:
+        check_slot_args(key, holder, lease_s=lease_s)
+        reply = await self._run("slot_renew", key, holder, number(now), number(now + lease_s))
+        return bool(reply)
+
+    async def release_slot(self, key: str, holder: str) -> None:
+        check_slot_args(key, holder)
+        # One command, so atomic; sent again if the connection breaks (a repeat does nothing).
+        await self._conn().call("ZREM", self._p + "slot:" + key, holder, read_only=True)
+
+    async def slots_in_use(self, key: str, *, now: float) -> int:
+        check_slot_args(key)
+        return int(await self._read("ZCOUNT", self._p + "slot:" + key, f"({number(now)}", "+inf"))
 
 
 async def delete_all_keys(url: str, prefix: str) -> int:

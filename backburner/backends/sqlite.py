@@ -51,6 +51,7 @@ from .sqlite_schema import (
     init_connection,
     row_to_job,
 )
+from .sqlite_slots import SQLiteSlots, purge_ended_slots
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
@@ -81,7 +82,7 @@ def _missing_directory(path: str) -> str | None:
     return None if os.path.isdir(directory) else directory
 
 
-class SQLiteBackend:
+class SQLiteBackend(SQLiteSlots):
     """Backend on a SQLite file (``sqlite:///path.db``; ``sqlite://:memory:`` is refused)."""
 
     def __init__(
@@ -506,6 +507,7 @@ class SQLiteBackend:
             conn.executemany("DELETE FROM cancel_signals WHERE task_id = ?", ids)
             # A signal for a worker that died before reading it would otherwise stay forever.
             conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))
+            purge_ended_slots(conn, now)  # rows of keys nobody acquires again would stay
             return len(ids)
 
         return await self._executor.run(op)

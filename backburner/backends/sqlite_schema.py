@@ -10,7 +10,21 @@ from ..models import Job
 
 SCHEMA_VERSION = 1
 
-SCHEMA = """
+ADDED_SINCE_VERSION_1 = """
+-- Concurrency slots (sqlite_slots.py): one row per holder of a slot, until its lease ends.
+CREATE TABLE IF NOT EXISTS slots (
+    key TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (key, holder)
+) WITHOUT ROWID;
+"""
+"""Tables added to version 1 without a version bump: only new tables, which code that does not
+know them ignores, so files stay usable by older releases. Created, if missing, at every open
+of a version 1 file (SCHEMA includes them for a new one)."""
+
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     task_id TEXT NOT NULL UNIQUE,
@@ -93,6 +107,8 @@ CREATE TRIGGER IF NOT EXISTS jobs_count_delete AFTER DELETE ON jobs BEGIN
     UPDATE status_counts SET n = n - 1 WHERE status = OLD.status;
 END;
 """
+    + ADDED_SINCE_VERSION_1
+)
 
 
 def _number(column: str, *, nullable: bool = False) -> str:
@@ -153,6 +169,13 @@ COLUMNS = (
 SEQ, TASK_ID, EVENT_SEQ, STATUS, ATTEMPTS, FENCE, WORKER_ID, PRIORITY, RUN_AT, JOB = range(10)
 
 
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return found is not None
+
+
 def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
     """Pragmas and schema; fails with BackendError on a file that is not ours."""
     try:
@@ -173,6 +196,9 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
             conn.executescript(
                 f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
             )
+        elif not _has_table(conn, "slots"):
+            # A file made before slots existed; IF NOT EXISTS, as another process may race us.
+            conn.executescript(f"BEGIN IMMEDIATE;{ADDED_SINCE_VERSION_1}COMMIT;")
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise BackendError(f"cannot use the SQLite database: {exc}") from exc

@@ -101,3 +101,21 @@ async def test_a_queued_job_costs_under_two_kilobytes(engine: RedisBackend, clie
     shared = [k for k in indexes if not any(j.task_id in k for j in jobs)]
     index_bytes = sum([await client.memory_usage(k) or 0 for k in shared]) / len(jobs)
     assert own + index_bytes < 2048, (own, index_bytes)
+
+
+async def test_a_slot_key_is_a_sorted_set_that_expires_after_its_last_lease(
+    engine: RedisBackend, client: Redis
+) -> None:
+    slot_grace_ms = 60_000  # redis_lua/prelude.lua: SLOT_GRACE_MS
+    key = f"{{{engine.prefix}}}:slot:model-x"
+    assert await engine.acquire_slot("model-x", "a", limit=2, lease_s=30, now=T0) is True
+    assert await engine.acquire_slot("model-x", "b", limit=2, lease_s=90, now=T0) is True
+    assert await keys_of(client, engine.prefix) == [key]
+    assert await client.type(key) == b"zset"
+    assert await client.zrange(key, 0, -1, withscores=True) == [(b"a", T0 + 30), (b"b", T0 + 90)]
+    # The TTL follows the latest lease, whoever set it last.
+    assert await engine.renew_slot("model-x", "a", lease_s=10, now=T0 + 1) is True
+    assert 90_000 + slot_grace_ms - 5000 <= await client.pttl(key) <= 90_000 + slot_grace_ms
+    await engine.release_slot("model-x", "a")
+    await engine.release_slot("model-x", "b")
+    assert await client.exists(key) == 0

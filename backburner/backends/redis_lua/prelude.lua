@@ -124,3 +124,17 @@ local function forget(id, fields)
   end
   if fields[4] then redis.call('HDEL', P .. 'c:' .. cjson.decode(fields[4]), id) end
 end
+
+-- Concurrency slots: a sorted set of holder -> lease end. The key's PEXPIRE follows the
+-- latest lease (plus a grace: the scores decide who holds a slot, the TTL only collects a key
+-- whose holders all vanished).
+local SLOT_GRACE_MS = 60000
+local function slotkey(name) return P .. 'slot:' .. name end
+local function slot_drop_ended(k, now) redis.call('ZREMRANGEBYSCORE', k, '-inf', now) end
+local function slot_keep(k, now)
+  local last = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+  if last[2] then
+    local ms = math.ceil((tonumber(last[2]) - tonumber(now)) * 1000) + SLOT_GRACE_MS
+    redis.call('PEXPIRE', k, string.format('%d', ms))
+  end
+end
