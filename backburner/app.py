@@ -20,6 +20,8 @@ from .errors import (
 from .hooks import HookChain, Hooks
 from .jsoncodec import round_trip
 from .models import Event, Job, JobStatus
+from .providers.job_llm import LimitSettings
+from .providers.routing import ModelRouter
 from .settings import Settings
 from .tasks import Handler, TaskDefinition
 from .worker.retry import RetryPolicy
@@ -80,8 +82,16 @@ class Backburner:
         settings: Settings | None = None,
         hooks: Sequence[Hooks] = (),
         clock: Clock | None = None,
+        models: ModelRouter | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        self.models = models or ModelRouter.from_source(self.settings.models)
+        """Model routes for ``ctx.llm`` and the built-in ``generate`` task."""
+        if self.settings.default_model is not None:
+            self.models.set_default(self.settings.default_model)
+        self.model_limits = LimitSettings(
+            lease_s=self.settings.lease_s, renew_s=self.settings.heartbeat_s
+        )
         if backend is None or isinstance(backend, str):
             url = backend or self.settings.backend_url
             self.backend: Backend = backend_from_url(
@@ -184,6 +194,7 @@ class Backburner:
                 self._connected = True
 
     async def close(self) -> None:
+        await self.models.aclose()
         if self._connected:
             self._connected = False
             await self.backend.close()

@@ -6,12 +6,14 @@ import math
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInputError
+from .errors import ConfigurationError, InvalidInputError
 from .models import Job, Progress
 
 if TYPE_CHECKING:
     from .backends.base import Backend
     from .clock import Clock
+    from .providers.job_llm import JobLLM, LimitSettings
+    from .providers.routing import ModelRouter
 
 RESERVED_EVENT_TYPES = frozenset({"status", "attempt_failed", "progress"})
 
@@ -31,13 +33,43 @@ def activate(ctx: JobContext) -> None:
 class JobContext:
     """Handed to every handler as its first argument. Writes are fenced by the attempt."""
 
-    __slots__ = ("_backend", "_clock", "job", "usage")
+    __slots__ = ("_backend", "_clock", "_limits", "_llm", "_models", "job", "usage")
 
-    def __init__(self, job: Job, backend: Backend, clock: Clock) -> None:
+    def __init__(
+        self,
+        job: Job,
+        backend: Backend,
+        clock: Clock,
+        *,
+        models: ModelRouter | None = None,
+        limits: LimitSettings | None = None,
+    ) -> None:
         self.job = job
         self.usage: dict[str, Any] = {}
         self._backend = backend
         self._clock = clock
+        self._models = models
+        self._limits = limits
+        self._llm: JobLLM | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def llm(self) -> JobLLM:
+        """Model calls for this job: ``await ctx.llm.generate(prompt, model=...)``."""
+        if self._llm is None:
+            if self._models is None:
+                raise ConfigurationError("this job context has no model router")
+            from .providers.job_llm import JobLLM, LimitSettings
+
+            self._llm = JobLLM(self, self._models, self._limits or LimitSettings())
+        return self._llm
 
     @property
     def job_id(self) -> str:

@@ -19,7 +19,15 @@ The tree::
     ├── WaitTimeoutError            the client's wait() ran out of time (also a TimeoutError)
     └── TaskError                   raised by handlers to steer the retry policy
         ├── Retry                   retry this attempt, optionally after a delay
-        └── PermanentError          fail the job at once, no retry
+        ├── PermanentError          fail the job at once, no retry
+        └── ProviderError           a model provider failed (``code`` names how, on the job)
+            ├── RateLimitedError            429, or 503 with Retry-After   (a Retry)
+            ├── ProviderUnavailableError    5xx, connection, timeout        (a Retry)
+            ├── StreamInterruptedError      the stream stopped before its end (a Retry)
+            ├── ContextLengthExceededError  the prompt does not fit     (a PermanentError)
+            ├── ProviderRequestError        400: the provider refused the request (permanent)
+            ├── ProviderAuthError           401/403: key missing or refused   (permanent)
+            └── ModelNotFoundError          404, or no route for the model    (permanent)
 
 Handlers may raise any exception; only ``TaskError`` subclasses carry instructions.
 
@@ -30,6 +38,8 @@ of those is then also an ``APIError``, so ``except APIError`` catches every erro
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class BackburnerError(Exception):
@@ -149,3 +159,68 @@ class Retry(TaskError):  # noqa: N818 - a verb reads better at the raise site
 
 class PermanentError(TaskError):
     """Fail the job now: retrying cannot help (bad input, context too long, ...)."""
+
+
+class ProviderError(TaskError):
+    """A model provider failed; ``code`` is the error type the job records.
+
+    ``status`` is the provider's HTTP status (None when no answer came); ``after`` is the
+    wait it asked for (Retry-After), if any.
+    """
+
+    code: ClassVar[str] = "provider_error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self, message: str, *, status: int | None = None, after: float | None = None
+    ) -> None:
+        if after is not None and not (0 <= after < float("inf")):
+            raise ValueError(f"after must be a finite number >= 0, got {after!r}")
+        super().__init__(message)
+        self.status = status
+        self.after = after
+
+
+class RateLimitedError(ProviderError, Retry):
+    """429 (or 503 with Retry-After): retry, after the wait the provider asked for."""
+
+    code = "rate_limited"
+    retryable = True
+
+
+class ProviderUnavailableError(ProviderError, Retry):
+    """A 5xx, a refused or dropped connection, or a timeout: retry with backoff."""
+
+    code = "provider_unavailable"
+    retryable = True
+
+
+class StreamInterruptedError(ProviderError, Retry):
+    """The token stream stopped before its end; the text so far is in the job's events."""
+
+    code = "stream_interrupted"
+    retryable = True
+
+
+class ContextLengthExceededError(ProviderError, PermanentError):
+    """The prompt plus max_tokens do not fit the model's context window."""
+
+    code = "context_length_exceeded"
+
+
+class ProviderRequestError(ProviderError, PermanentError):
+    """The provider refused the request as invalid (400, 422)."""
+
+    code = "invalid_request"
+
+
+class ProviderAuthError(ProviderError, PermanentError):
+    """The provider refused the credentials (401, 403), or the key's variable is unset."""
+
+    code = "authentication_failed"
+
+
+class ModelNotFoundError(ProviderError, PermanentError):
+    """The provider has no such model (404), or no route names it."""
+
+    code = "model_not_found"

@@ -58,6 +58,10 @@ class Settings:
     """Largest max_tokens POST /v1/generate accepts."""
     sse_keepalive_s: float = 15.0
     """How often an idle event stream sends a keep-alive comment."""
+    models: str | None = None
+    """Model routing: a TOML (or JSON) file's path, or inline JSON. None: the built-in models."""
+    default_model: str | None = None
+    """The model of a generation that names none (overrides the routing file's default)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

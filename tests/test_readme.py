@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from backburner import Backburner, JobStatus
+from backburner.providers import ModelRouter
 
 from .helpers import running_worker
 from .live_server import live_server
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 PYTHON = re.findall(r"```python\n(.*?)```", README, re.S)
 BASH = re.findall(r"```bash\n(.*?)```", README, re.S)
+TOML = re.findall(r"```toml\n(.*?)```", README, re.S)
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -31,7 +33,13 @@ def block(blocks: list[str], marker: str) -> str:
 
 
 def test_every_python_example_is_covered() -> None:
-    markers = ("backburner.client import", "asyncio.run(main())", "class RateLimited", "req-42")
+    markers = (
+        "backburner.client import",
+        "asyncio.run(main())",
+        "class RateLimited",
+        "req-42",
+        "ctx.llm.generate",
+    )
     assert len(PYTHON) == len(markers)
     for marker in markers:
         block(PYTHON, marker)
@@ -106,3 +114,28 @@ async def test_task_and_enqueue_examples_run(
         assert failed.error is not None and failed.error.message == "empty prompt"
     finally:
         await bb.close()
+
+
+def test_models_toml_example_loads_as_described(tmp_path: Path) -> None:
+    (toml,) = TOML
+    path = tmp_path / "models.toml"
+    path.write_text(toml)
+    router = ModelRouter.from_source(str(path))
+    assert [r.name for r in router.chain(None)] == ["gpt-4o-mini", "llama3.2"]
+    assert router.route(None).max_concurrent == 20
+    assert router.route("llama3.2").base_url == "http://127.0.0.1:11434/v1"
+
+
+async def test_ctx_llm_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {}
+    exec(compile(block(PYTHON, "ctx.llm.generate"), "README-ctx-llm", "exec"), namespace)
+    bb: Backburner = namespace["bb"]
+    async with bb, running_worker(bb, concurrency=2):
+        job = await bb.enqueue("answer", {"question": "What is a lease?"})
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status is JobStatus.COMPLETED, done.error
+    assert done.result is not None and done.result["model"] == "simulated"
+    assert len(done.result["text"].split()) == 32
+    tokens = [e for e in await bb.events(job.task_id) if e.type == "token"]
+    assert len(tokens) == 32

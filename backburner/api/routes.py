@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from ..app import Backburner
 from ..backends.base import fingerprint
-from ..builtin import GENERATE, format_messages
+from ..builtin import GENERATE, prompt_chars
 from ..errors import InvalidInputError
 from ..jsoncodec import depth
 from ..models import Job, JobStatus
@@ -154,17 +154,23 @@ def build_router(api: Api) -> APIRouter:
     async def generate(
         body: GenerateCreate, request: Request, response: Response, key: IdempotencyKey = None
     ) -> Accepted:
-        """Generate text with the built-in task (today a clearly named simulator)."""
+        """Generate text with a configured model (``model`` omitted: the default model)."""
         api.check_json(body.metadata)
         messages = [m.model_dump() for m in body.messages] if body.messages else None
-        text = body.prompt if body.prompt is not None else format_messages(messages or [])
-        if len(text) > settings.max_prompt_chars:
+        chars = prompt_chars(body.prompt, messages)
+        if chars > settings.max_prompt_chars:
             raise InvalidInputError(
-                f"the prompt has {len(text)} characters; the limit is {settings.max_prompt_chars}"
+                f"the prompt has {chars} characters; the limit is {settings.max_prompt_chars}"
             )
         if body.max_tokens > settings.max_tokens_limit:
             raise InvalidInputError(f"max_tokens is limited to {settings.max_tokens_limit}")
-        payload: dict[str, Any] = {"model": body.model, "max_tokens": body.max_tokens}
+        model = body.model or bb.models.default_model
+        if model not in bb.models.routes:
+            known = ", ".join(sorted(bb.models.routes))
+            raise InvalidInputError(f"no model {model!r} is configured (known: {known})")
+        payload: dict[str, Any] = {"model": model, "max_tokens": body.max_tokens}
+        if body.stop:
+            payload["stop"] = body.stop
         if body.prompt is not None:
             payload["prompt"] = body.prompt
         else:
@@ -178,7 +184,7 @@ def build_router(api: Api) -> APIRouter:
             payload,
             body.model_dump(mode="json"),
             key,
-            model=body.model,
+            model=model,
             priority=body.priority,
             webhook_url=body.webhook_url,
             metadata=body.metadata,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,9 +42,17 @@ class GenerateCreate(BaseModel):
 
     prompt: str | None = None
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=1000)
-    model: str = Field(default="simulated", min_length=1, max_length=200)
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="A configured model's name; omitted: the service's default model.",
+    )
     max_tokens: int = Field(default=256, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    stop: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
+        default=None, max_length=4, description="Up to 4 sequences that end the text."
+    )
     priority: int | None = Priority
     webhook_url: str | None = WebhookUrl
     metadata: dict[str, Any] = Field(default_factory=dict)

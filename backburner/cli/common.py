@@ -26,6 +26,12 @@ BackendOption = Annotated[
     str | None,
     typer.Option("--backend", "-b", help="Backend URL [env BACKBURNER_BACKEND_URL]."),
 ]
+ModelsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--models", help="Model routing file (TOML) or inline JSON [env BACKBURNER_MODELS]."
+    ),
+]
 UrlOption = Annotated[
     str,
     typer.Option("--url", "-u", envvar="BACKBURNER_URL", help="The backburner service."),
@@ -100,6 +106,10 @@ def load_app(path: str | None, settings: Settings, backend: str | None = None) -
             raise ConfigurationError(f"{path!r} is not a Backburner instance")
         if backend is not None:
             found.backend = backend_from_url(backend, max_queue_size=found.settings.max_queue_size)
+        if settings.models is not None:  # --models / BACKBURNER_MODELS win over the app's own
+            from ..providers.routing import ModelRouter
+
+            found.models = ModelRouter.from_source(settings.models)
         install_builtin_tasks(found)
         return found
     except BackburnerError as exc:

@@ -17,6 +17,7 @@ from ..settings import Settings
 from .common import (
     AppArgument,
     BackendOption,
+    ModelsOption,
     fail,
     job_table,
     load_app,
@@ -62,7 +63,7 @@ def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: 
         f"backburner {role} on [bold]{url}[/]  (backend {settings.backend_url})", soft_wrap=True
     )
     if run_worker:
-        console.print("model: simulated (a built-in simulator, not a real model)")
+        console.print(_model_line(bb), highlight=False, soft_wrap=True)
     console.print(
         f"try:  curl -s -X POST {url}/v1/generate -H 'Content-Type: application/json'"
         """ -d '{"prompt": "Hello"}'""",
@@ -83,18 +84,32 @@ def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: 
     )
 
 
+def _model_line(bb: Backburner) -> str:
+    route = bb.models.route(None)
+    if route.provider == "simulated":
+        return (
+            f"model: {route.name} (a built-in simulator, not a real model). For a real one: "
+            f"pip install 'backburner[local]', or --models FILE naming an OpenAI-compatible URL"
+        )
+    where = route.base_url or "on this machine"
+    return f"model: {route.name} ({route.provider}, {where}); models: {', '.join(bb.models.routes)}"
+
+
 def serve(
     app: AppArgument = None,
     backend: BackendOption = None,
     host: HostOption = None,
     port: PortOption = None,
     concurrency: ConcurrencyOption = None,
+    models: ModelsOption = None,
     log_level: LogLevelOption = "info",
 ) -> None:
     """Run the HTTP API and a worker in one process (SQLite by default): the zero-setup service."""
     _logging(log_level)
-    settings = settings_for(backend, host=host, port=port, concurrency=concurrency)
+    settings = settings_for(backend, host=host, port=port, concurrency=concurrency, models=models)
     bb = load_app(app, settings, backend)
+    if not bb.models.default_is_set and "local" in bb.models.routes:  # the real offline model
+        bb.models.set_default("local")
     _serve_http(bb, settings, run_worker=True, level=log_level)
 
 
@@ -103,11 +118,12 @@ def api(
     backend: BackendOption = None,
     host: HostOption = None,
     port: PortOption = None,
+    models: ModelsOption = None,
     log_level: LogLevelOption = "info",
 ) -> None:
     """Run the HTTP API only (run workers with `backburner worker`)."""
     _logging(log_level)
-    settings = settings_for(backend, host=host, port=port)
+    settings = settings_for(backend, host=host, port=port, models=models)
     bb = load_app(app, settings, backend)
     _serve_http(bb, settings, run_worker=False, level=log_level)
 
@@ -116,13 +132,14 @@ def worker(
     app: AppArgument = None,
     backend: BackendOption = None,
     concurrency: ConcurrencyOption = None,
+    models: ModelsOption = None,
     log_level: LogLevelOption = "info",
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful; a second signal: at once)."""
     _logging(log_level)
     if concurrency is not None and concurrency < 1:
         raise fail("--concurrency must be >= 1", 2)
-    bb = load_app(app, settings_for(backend), backend)
+    bb = load_app(app, settings_for(backend, models=models), backend)
 
     async def go() -> None:
         async with bb:

@@ -45,7 +45,7 @@ class _FailNowError(Exception):
 async def execute(app: Backburner, attempt: Attempt) -> None:
     """The body of an attempt's asyncio task."""
     job = attempt.job
-    ctx = JobContext(job, app.backend, app.clock)
+    ctx = JobContext(job, app.backend, app.clock, models=app.models, limits=app.model_limits)
     activate(ctx)
     try:
         await app.hooks.start(job)

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 from ..backends.base import Fail, Outcome, RetryAt
-from ..errors import PermanentError, Retry
+from ..errors import PermanentError, ProviderError, Retry
 from ..models import ErrorInfo, Job
 from ..tasks import TaskDefinition
 
@@ -33,6 +33,9 @@ class RetryPolicy:
         self, exc: BaseException, task: TaskDefinition | None
     ) -> tuple[ErrorInfo, float | None]:
         """The error record for ``exc`` and the delay it asks for (None: use backoff)."""
+        if isinstance(exc, ProviderError):
+            error = ErrorInfo(type=exc.code, message=str(exc), retryable=exc.retryable)
+            return error, exc.after
         if isinstance(exc, Retry):
             return ErrorInfo(type="retry", message=str(exc), retryable=True), exc.after
         if isinstance(exc, PermanentError):

@@ -93,10 +93,13 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("priority-minus-101", TASKS, {"type": "quick", "priority": -101}, 422, "invalid_request"),
     ("priority-101-generate", GENERATE, {"prompt": "x", "priority": 101}, 422, None),
     ("prompt-too-long", GENERATE, {"prompt": "x" * 101}, 422, "invalid_input"),
+    ("unknown-model", GENERATE, {"prompt": "x", "model": "gpt-9"}, 422, "invalid_input"),
+    ("empty-stop", GENERATE, {"prompt": "x", "stop": [""]}, 422, None),
+    ("five-stops", GENERATE, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 422, None),
     (
         "messages-too-long",
         GENERATE,
-        {"messages": [{"role": "user", "content": "x" * 50}] * 2},
+        {"messages": [{"role": "user", "content": "x" * 51}] * 2},  # 102 characters
         422,
         "invalid_input",
     ),

