@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -84,7 +83,7 @@ async def child_worker(url: str, target: int, concurrency: int) -> None:
     worker.shutdown()
     await running
     await bb.close()
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mb = report.peak_rss_mb()
     print(json.dumps({"elapsed_s": elapsed, "peak_rss_mb": rss_mb}), flush=True)
 
 

@@ -36,6 +36,15 @@ def backend_url(name: str = "bench") -> Iterator[str]:
         asyncio.run(delete_all_keys(redis_url, prefix))
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM). Not getrusage's ru_maxrss: Linux carries that over an
+    exec from the parent, so a child of a big parent would report the parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def summarise(samples: dict[str, list[float]]) -> Results:
     return {
         key: {"min": min(v), "median": statistics.median(v), "max": max(v), "runs": len(v)}

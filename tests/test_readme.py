@@ -137,5 +137,6 @@ async def test_ctx_llm_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert done.status is JobStatus.COMPLETED, done.error
     assert done.result is not None and done.result["model"] == "simulated"
     assert len(done.result["text"].split()) == 32
-    tokens = [e for e in await bb.events(job.task_id) if e.type == "token"]
-    assert len(tokens) == 32
+    tokens = [e.data for e in await bb.events(job.task_id) if e.type == "token"]
+    assert sum(t["tokens"] for t in tokens) == 32
+    assert "".join(t["text"] for t in tokens) == done.result["text"]

@@ -13,12 +13,10 @@ from ..errors import InvalidInputError, ProviderError
 from .base import GenerationRequest, Usage, messages_from
 from .routing import ModelRoute, ModelRouter
 from .slots import model_slot
+from .token_events import TokenEvents
 
 if TYPE_CHECKING:
     from ..context import JobContext
-
-PROGRESS_EVERY = 8
-"""Tokens between two progress updates of a generation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +153,7 @@ class JobLLM:
         produced = 0
         usage: Usage | None = None
         first_token_s: float | None = None
+        sink = TokenEvents(ctx, route.name, max_tokens) if events else None
         async with slot:
             started = time.monotonic()
             try:
@@ -166,15 +165,15 @@ class JobLLM:
                         if first_token_s is None:
                             first_token_s = time.monotonic() - started
                         produced += 1
-                        if events:
-                            await ctx.emit(
-                                "token", {"text": item, "attempt": ctx.attempt, "model": route.name}
-                            )
-                            if produced % PROGRESS_EVERY == 0:
-                                done = min(100.0, 100 * produced / max_tokens)
-                                await ctx.progress(done, f"{produced} tokens")
+                        if sink is not None:
+                            sink.add(item)
                         yield item
+                if sink is not None:
+                    await sink.flush()
             except ProviderError as exc:
+                if sink is not None:
+                    await sink.flush()  # the partial text stays in the job's events
+
                 if exc.retryable and after.name != route.name:
                     # The next attempt goes elsewhere: this model's Retry-After is not its wait.
                     raise type(exc)(
@@ -182,6 +181,14 @@ class JobLLM:
                         status=exc.status,
                         after=0.0,
                     ) from None
+                raise
+            except Exception:
+                if sink is not None:
+                    await sink.flush()
+                raise
+            except BaseException:  # cancelled, or the caller stopped reading: write no more
+                if sink is not None:
+                    sink.abandon()
                 raise
             elapsed = time.monotonic() - started
         if usage is None:  # a provider that broke the Protocol: count what came
