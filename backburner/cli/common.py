@@ -110,6 +110,8 @@ def load_app(path: str | None, settings: Settings, backend: str | None = None) -
             from ..providers.routing import ModelRouter
 
             found.models = ModelRouter.from_source(settings.models)
+            if settings.default_model is not None:
+                found.models.set_default(settings.default_model)
         install_builtin_tasks(found)
         return found
     except BackburnerError as exc:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+LONGEST_RETRY_AFTER_S = 3600.0
+"""A provider's Retry-After is clamped to this: a header is no reason to park a job for days."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,6 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
         if when.tzinfo is None:  # an HTTP date is always GMT
             return None
         seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds or seconds == float("inf"):
+    if seconds != seconds:
         return None
-    return max(0.0, seconds)
+    return min(LONGEST_RETRY_AFTER_S, max(0.0, seconds))

@@ -9,8 +9,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInputError, ProviderError
-from .base import GenerationRequest, Usage, messages_from
+from ..errors import ProviderError, ProviderRequestError
+from .base import GenerationRequest, Usage, estimate_tokens, messages_from
 from .routing import ModelRoute, ModelRouter
 from .slots import model_slot
 from .token_events import TokenEvents
@@ -53,15 +53,16 @@ class JobLLM:
         self._router = router
         self._limits = limits
 
-    def pick(self, model: str | None) -> tuple[ModelRoute, ModelRoute]:
-        """The route this attempt uses and the one the next attempt would use.
+    def pick(self, model: str | None) -> tuple[ModelRoute, ModelRoute | None]:
+        """The route this attempt uses, and the fallback the next attempt would go to.
 
         Attempt n takes the n-th model of [model, *fallback] (round the list again past its
-        end), so after a retryable failure the next attempt goes to the next model.
+        end), so after a retryable failure the next attempt goes to the next model. The
+        second item is None when the next attempt starts the list again (or there is none).
         """
         chain = self._router.chain(model)
         index = (self._ctx.attempt - 1) % len(chain)
-        return chain[index], chain[(index + 1) % len(chain)]
+        return chain[index], chain[index + 1] if index + 1 < len(chain) else None
 
     async def generate(
         self,
@@ -120,15 +121,16 @@ class JobLLM:
         events: bool,
     ) -> AsyncGenerator[str | Generation, None]:
         """The deltas, then the call's Generation (with no text: the caller joins it)."""
+        # Bad arguments fail the job at once: a retry would send the same ones.
         if (prompt is None) == (messages is None):
-            raise InvalidInputError("give exactly one of prompt or messages")
+            raise ProviderRequestError("give exactly one of prompt or messages")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InvalidInputError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+            raise ProviderRequestError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         try:
             chat = messages_from(messages) if messages is not None else ()
         except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
-        route, after = self.pick(model)
+            raise ProviderRequestError(str(exc)) from None
+        route, fallback = self.pick(model)
         request = GenerationRequest(
             model=route.upstream,
             messages=chat,
@@ -173,37 +175,63 @@ class JobLLM:
             except ProviderError as exc:
                 if sink is not None:
                     await sink.flush()  # the partial text stays in the job's events
-
-                if exc.retryable and after.name != route.name:
-                    # The next attempt goes elsewhere: this model's Retry-After is not its wait.
+                job = ctx.job
+                if exc.retryable and fallback is not None and job.attempts < job.max_attempts:
+                    # The next attempt goes to another model: this one's wait is not its wait.
                     raise type(exc)(
-                        f"{exc} (the next attempt goes to model {after.name!r})",
+                        f"{exc} (the next attempt goes to model {fallback.name!r})",
                         status=exc.status,
                         after=0.0,
                     ) from None
+                raise
+            except GeneratorExit:
+                # The caller stopped reading: a normal end. Its tokens were made (and billed).
+                if sink is not None:
+                    with contextlib.suppress(Exception):
+                        await sink.flush()
+                estimate = Usage(
+                    estimate_tokens("".join(m.content for m in request.as_messages())),
+                    produced,
+                    "stopped",
+                    estimated=True,
+                )
+                self._account(
+                    self._result(route, provider.kind, estimate, started, produced, first_token_s)
+                )
                 raise
             except Exception:
                 if sink is not None:
                     await sink.flush()
                 raise
-            except BaseException:  # cancelled, or the caller stopped reading: write no more
+            except BaseException:  # cancelled: nothing more may be written
                 if sink is not None:
                     sink.abandon()
                 raise
-            elapsed = time.monotonic() - started
         if usage is None:  # a provider that broke the Protocol: count what came
             usage = Usage(0, produced, None, estimated=True)
-        result = Generation(
+        result = self._result(route, provider.kind, usage, started, produced, first_token_s)
+        self._account(result)
+        yield result
+
+    @staticmethod
+    def _result(
+        route: ModelRoute,
+        kind: str,
+        usage: Usage,
+        started: float,
+        produced: int,
+        first_token_s: float | None,
+    ) -> Generation:
+        elapsed = time.monotonic() - started
+        return Generation(
             text="",
             model=route.name,
-            provider=provider.kind,
+            provider=kind,
             usage=usage,
             time_to_first_token_s=None if first_token_s is None else round(first_token_s, 4),
             tokens_per_s=round(produced / elapsed, 2) if elapsed > 0 and produced else None,
             cost_usd=route.cost_usd(usage),
         )
-        self._account(result)
-        yield result
 
     def _account(self, result: Generation) -> None:
         usage = self._ctx.usage

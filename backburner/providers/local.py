@@ -127,7 +127,10 @@ class LocalProvider:
         stop = threading.Event()
 
         def put(kind: str, value: Any) -> None:
-            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+            except RuntimeError:  # the loop closed under us: nobody reads any more
+                stop.set()
 
         def run() -> None:
             try:
@@ -151,9 +154,12 @@ class LocalProvider:
                     break
         finally:
             stop.set()
-            # The context goes back only when the thread let go of it (within a token).
-            await asyncio.shield(loop.run_in_executor(None, thread.join))
-            self._free.put_nowait(model)
+            # The context goes back only once the thread let go of it (within a token), even
+            # if this task is cancelled again while it waits.
+            free = self._free
+            joined = loop.run_in_executor(None, thread.join)
+            joined.add_done_callback(lambda _: free.put_nowait(model))
+            await asyncio.shield(joined)
 
     def _generate(
         self,

@@ -50,13 +50,17 @@ class OpenAIProvider:
         read_timeout_s: float = 120.0,
         headers: dict[str, str] | None = None,
         max_connections: int = 1000,
+        stream_usage: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.stream_usage = stream_usage
+        """Send ``stream_options.include_usage`` (off for servers that refuse it)."""
         hdrs = {"Accept": "text/event-stream", **(headers or {})}
         if api_key:
             hdrs["Authorization"] = f"Bearer {api_key}"
-        # read_timeout_s bounds the silence between two chunks, not the whole call.
+        # read_timeout_s bounds the silence between two chunks; timeout_s the wait for a pooled
+        # connection and for sending the request. The job's timeout bounds the whole call.
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, read=read_timeout_s)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=100)
         self._client = httpx.AsyncClient(
@@ -76,9 +80,10 @@ class OpenAIProvider:
             "model": request.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.as_messages()],
             "stream": True,
-            "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens,
         }
+        if self.stream_usage:
+            body["stream_options"] = {"include_usage": True}
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.stop:
@@ -95,9 +100,15 @@ class OpenAIProvider:
             async with self._client.stream(
                 "POST", "/chat/completions", json=self.body(request)
             ) as response:
-                if response.status_code >= 400:
+                if not 200 <= response.status_code < 300:
                     await response.aread()
                     raise error_from_response(response, request.model)
+                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    # A server that ignored "stream": a whole answer, or an error, as JSON.
+                    await response.aread()
+                    for item in _whole_answer(response, request):
+                        yield item
+                    return
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # comments (": keep-alive"), event names, blank separators
@@ -110,33 +121,80 @@ class OpenAIProvider:
                         raise _error_in_stream(chunk["error"], request.model)
                     if isinstance(chunk.get("usage"), dict):
                         usage = chunk["usage"]
-                    for choice in chunk.get("choices") or ():
-                        delta = (choice.get("delta") or {}).get("content")
+                    for delta, reason in _choices(chunk):
                         if delta:
                             produced.append(delta)
                             yield delta
-                        finish = choice.get("finish_reason") or finish
+                        finish = reason or finish
         except httpx.TimeoutException as exc:
             where = "mid-stream" if produced else "before the first token"
             kind = type(exc).__name__
             raise ProviderUnavailableError(f"{self.base_url}: {kind} {where}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            if produced:
-                raise StreamInterruptedError(
-                    f"{self.base_url}: the stream broke after {len(produced)} deltas ({exc})"
+            if finish is None:  # broken after the model finished (before [DONE]): complete
+                if produced:
+                    raise StreamInterruptedError(
+                        f"{self.base_url}: the stream broke after {len(produced)} deltas ({exc})"
+                    ) from None
+                raise ProviderUnavailableError(
+                    f"{self.base_url}: {exc or type(exc).__name__}"
                 ) from None
-            raise ProviderUnavailableError(
-                f"{self.base_url}: {exc or type(exc).__name__}"
-            ) from None
         except httpx.TransportError as exc:  # connect refused, DNS, TLS, ...
             raise ProviderUnavailableError(
                 f"{self.base_url}: {type(exc).__name__}: {exc or 'connection failed'}"
             ) from None
+        except httpx.HTTPError as exc:  # a body that does not decode, ...
+            kind = type(exc).__name__
+            raise ProviderUnavailableError(f"{self.base_url}: {kind}: {exc}") from None
         if not done and finish is None:
             raise StreamInterruptedError(
                 f"{self.base_url}: the stream ended without [DONE] after {len(produced)} deltas"
             )
         yield _usage(usage, request, "".join(produced), finish)
+
+
+def _choices(chunk: dict[str, Any]) -> list[tuple[str | None, str | None]]:
+    """(delta text, finish reason) of each choice; StreamInterruptedError for a bad shape."""
+    out = []
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            raise StreamInterruptedError(f"the stream sent a malformed choice: {choice!r:.80}")
+        delta = choice.get("delta") or {}
+        text = delta.get("content") if isinstance(delta, dict) else None
+        reason = choice.get("finish_reason")
+        if (text is not None and not isinstance(text, str)) or (
+            reason is not None and not isinstance(reason, str)
+        ):
+            raise StreamInterruptedError(f"the stream sent a malformed choice: {choice!r:.80}")
+        out.append((text, reason))
+    return out
+
+
+def _whole_answer(response: httpx.Response, request: GenerationRequest) -> list[str | Usage]:
+    """A non-streamed completion read as one delta and its usage."""
+    try:
+        payload = response.json()
+    except ValueError:
+        kind = response.headers.get("content-type", "no content type")
+        raise ProviderRequestError(
+            f"{response.status_code} from {response.request.url.host} is not an event stream"
+            f" ({kind}): {response.text[:200]!r}",
+            status=response.status_code,
+        ) from None
+    if isinstance(payload, dict) and payload.get("error"):
+        raise _error_in_stream(payload["error"], request.model)
+    try:
+        choice = payload["choices"][0]
+        text = choice["message"]["content"] or ""
+        if not isinstance(text, str):
+            raise TypeError
+    except (KeyError, IndexError, TypeError):
+        raise ProviderRequestError(
+            f"the answer is neither an event stream nor a completion: {str(payload)[:200]!r}",
+            status=response.status_code,
+        ) from None
+    usage = _usage(payload.get("usage"), request, text, choice.get("finish_reason"))
+    return [text, usage] if text else [usage]
 
 
 def _parse_chunk(data: str) -> dict[str, Any]:
@@ -156,12 +214,16 @@ def _parse_chunk(data: str) -> dict[str, Any]:
 def _usage(
     reported: dict[str, Any] | None, request: GenerationRequest, text: str, finish: str | None
 ) -> Usage:
-    prompt = reported.get("prompt_tokens") if reported else None
-    completion = reported.get("completion_tokens") if reported else None
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return Usage(prompt, completion, finish)
+    prompt = reported.get("prompt_tokens") if isinstance(reported, dict) else None
+    completion = reported.get("completion_tokens") if isinstance(reported, dict) else None
+    if _is_count(prompt) and _is_count(completion):
+        return Usage(int(prompt or 0), int(completion or 0), finish)
     sent = "".join(m.content for m in request.as_messages())
     return Usage(estimate_tokens(sent), estimate_tokens(text), finish, estimated=True)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _message_of(payload: Any) -> tuple[str, str]:
@@ -178,14 +240,22 @@ def _message_of(payload: Any) -> tuple[str, str]:
 
 def error_from_response(response: httpx.Response, model: str) -> ProviderError:
     """The ProviderError for an HTTP error answer."""
-    status = response.status_code
     try:
         payload: Any = response.json()
     except ValueError:
         payload = response.text[:500]
     message, code = _message_of(payload)
-    text = f"{status} from {response.request.url.host}: {message}"
+    text = f"{response.status_code} from {response.request.url.host}: {message}"
     after = parse_retry_after(response.headers.get("retry-after"))
+    return error_for_status(response.status_code, text, code, model, after)
+
+
+def error_for_status(
+    status: int, text: str, code: str, model: str, after: float | None = None
+) -> ProviderError:
+    """The ProviderError that an HTTP status (and the error's code/type words) stands for."""
+    if 300 <= status < 400:
+        return ProviderRequestError(f"{text} (a redirect: check base_url)", status=status)
     if status == 429 or (status == 503 and after is not None):
         return RateLimitedError(text, status=status, after=after)
     if status >= 500 or status == 408:
@@ -194,7 +264,7 @@ def error_from_response(response: httpx.Response, model: str) -> ProviderError:
         return ProviderAuthError(text, status=status)
     if status == 404:
         return ModelNotFoundError(f"{text} (model {model!r})", status=status)
-    if _is_context_error(message + " " + code):
+    if _is_context_error(text + " " + code):
         return ContextLengthExceededError(text, status=status)
     return ProviderRequestError(text, status=status)
 
@@ -204,6 +274,11 @@ def _error_in_stream(error: Any, model: str) -> ProviderError:
     message, code = _message_of({"error": error})
     if _is_context_error(message + " " + code):
         return ContextLengthExceededError(message)
+    status = error.get("code") if isinstance(error, dict) else None
+    if isinstance(status, int) and not isinstance(status, bool) and 300 <= status < 600:
+        return error_for_status(status, f"the provider reported: {message}", code, model)
+    if "rate_limit" in code or "rate limit" in message.lower():
+        return RateLimitedError(f"the provider reported: {message}")
     return StreamInterruptedError(f"the stream reported an error: {message}")
 
 

@@ -44,7 +44,14 @@ _ROUTE_KEYS = {
     "options",
 }
 _OPTION_KEYS = {
-    "openai": {"timeout_s", "connect_timeout_s", "read_timeout_s", "headers", "max_connections"},
+    "openai": {
+        "timeout_s",
+        "connect_timeout_s",
+        "read_timeout_s",
+        "headers",
+        "max_connections",
+        "stream_usage",
+    },
     "local": {"model_path", "context_tokens", "threads", "temperature"},
     "simulated": {
         "time_to_first_token_s",
@@ -115,6 +122,7 @@ def _route(name: str, raw: Any) -> ModelRoute:
         raise ConfigurationError(
             f"{where}.options: provider {kind} takes {sorted(_OPTION_KEYS[kind])}"
         )
+    _check_options(where, options)
     if kind == "simulated":  # cheap to make: its option values are checked now, not per job
         from .simulated import SimulatedProvider
 
@@ -136,6 +144,47 @@ def _route(name: str, raw: Any) -> ModelRoute:
         options=dict(options),
         **prices,
     )
+
+
+_OPTION_TYPES: dict[str, str] = {
+    "timeout_s": "seconds",
+    "connect_timeout_s": "seconds",
+    "read_timeout_s": "seconds",
+    "max_connections": "count",
+    "context_tokens": "count",
+    "threads": "count",
+    "temperature": "number",
+    "model_path": "text",
+    "stream_usage": "flag",
+}
+
+
+def _check_options(where: str, options: dict[str, Any]) -> None:
+    """Option values of the openai and local providers, checked at load (the simulator checks
+    its own)."""
+    for key, value in options.items():
+        kind = _OPTION_TYPES.get(key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key == "headers":
+            ok = isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            )
+            expected = "a table of strings"
+        elif kind == "seconds":
+            ok, expected = number and 0 < value < float("inf"), "a number of seconds > 0"
+        elif kind == "count":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            expected = "an integer >= 1"
+        elif kind == "number":
+            ok, expected = number and 0 <= value <= 2, "a number in 0..2"
+        elif kind == "text":
+            ok, expected = isinstance(value, str) and bool(value), "a non-empty string"
+        elif kind == "flag":
+            ok, expected = isinstance(value, bool), "true or false"
+        else:
+            continue
+        if not ok:
+            raise ConfigurationError(f"{where}.options.{key} must be {expected}, got {value!r}")
 
 
 def load_config(source: str) -> dict[str, Any]:

@@ -45,23 +45,34 @@ async def model_slot(
     key = slot_key(model)
     holder = f"{owner}:{uuid.uuid4().hex[:12]}"
     wait = _FIRST_WAIT_S
-    while not await backend.acquire_slot(
-        key, holder, limit=limit, lease_s=lease_s, now=clock.now()
-    ):
-        # Jittered so that waiters on many workers do not retry in step.
-        await asyncio.sleep(wait * random.uniform(0.5, 1.0))
-        wait = min(_LONGEST_WAIT_S, wait * 2)
+    try:
+        while not await backend.acquire_slot(
+            key, holder, limit=limit, lease_s=lease_s, now=clock.now()
+        ):
+            # Jittered so that waiters on many workers do not retry in step.
+            await asyncio.sleep(wait * random.uniform(0.5, 1.0))
+            wait = min(_LONGEST_WAIT_S, wait * 2)
+    except BaseException:
+        # Cancelled while an acquire was in flight: it may still have taken the slot.
+        await _release(backend, key, holder)
+        raise
     renewer = asyncio.create_task(_renew(backend, clock, key, holder, lease_s, renew_s))
     try:
         yield
     finally:
         renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
-        try:
-            await asyncio.shield(backend.release_slot(key, holder))
-        except BackendError as exc:  # the lease frees it anyway
-            log.warning("could not release the %s slot %s: %s", model, holder, exc)
+        # Not `await renewer`: that would also swallow a cancel of this task landing there.
+        await asyncio.wait([renewer])
+        if not renewer.cancelled() and renewer.exception() is not None:
+            log.warning("the slot renewer of %s stopped: %r", key, renewer.exception())
+        await _release(backend, key, holder)
+
+
+async def _release(backend: Backend, key: str, holder: str) -> None:
+    try:
+        await asyncio.shield(backend.release_slot(key, holder))
+    except BackendError as exc:  # the lease frees it anyway
+        log.warning("could not release the slot %s of %s: %s", holder, key, exc)
 
 
 async def _renew(

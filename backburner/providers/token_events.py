@@ -64,5 +64,17 @@ class TokenEvents:
 
     def abandon(self) -> None:
         """Stop writing (the job was cancelled or lost: nothing more may be written)."""
-        if self._writer is not None and not self._writer.done():
-            self._writer.cancel()
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        if writer.done():
+            if not writer.cancelled():
+                writer.exception()  # read, so asyncio does not log it as never retrieved
+        else:
+            writer.cancel()
+            writer.add_done_callback(_read_outcome)
+
+
+def _read_outcome(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -183,3 +184,56 @@ async def test_the_simulator_is_named_as_such(make: Any) -> None:
     assert job.result is not None and job.result["simulated"] is True
     assert job.result["provider"] == "simulated" and len(job.result["text"].split()) == 5
     assert asyncio.get_running_loop() is not None
+
+
+async def test_when_the_fallback_list_wraps_round_the_wait_is_not_forced_to_zero(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    limited, broken = tag("ratelimit"), tag("fail500")
+    bb = await make({"a": route(fake, limited, fallback=["b"]), "b": route(fake, broken)})
+    async with running_worker(bb, concurrency=2):
+        job = await bb.enqueue(
+            "generate", {"prompt": "Hi", "model": "a", "max_tokens": 3}, max_attempts=3
+        )
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status is JobStatus.FAILED and done.attempts == 3
+    failed = [e.data["error"] for e in await bb.events(job.task_id) if e.type == "attempt_failed"]
+    assert [f["type"] for f in failed] == ["rate_limited", "provider_unavailable", "rate_limited"]
+    assert "next attempt goes to model 'b'" in failed[0]["message"]
+    # b's failure sends the job back to a: that is no fallback, so no note and no forced wait.
+    assert "next attempt" not in failed[1]["message"]
+    assert "next attempt" not in failed[2]["message"]
+    a_calls = fake.state.calls_of(limited)
+    assert len(a_calls) == 2
+
+
+async def test_bad_generation_arguments_fail_at_once(make: Any) -> None:
+    bb = await make({})
+    job = await run_one(bb, messages=[{"role": "bogus", "content": "x"}])
+    assert job.status is JobStatus.FAILED and job.attempts == 1
+    assert job.error is not None and job.error.type == "invalid_request"
+
+
+async def test_a_task_that_stops_reading_a_stream_keeps_its_tokens_and_usage(make: Any) -> None:
+    bb = await make({})
+
+    @bb.task(max_attempts=1)
+    async def first_five(ctx: Any) -> str:
+        parts: list[str] = []
+        async with contextlib.aclosing(
+            ctx.llm.stream("tell me", model="simulated", max_tokens=50)
+        ) as deltas:
+            async for delta in deltas:
+                parts.append(delta)
+                if len(parts) == 5:
+                    break
+        return "".join(parts)
+
+    async with running_worker(bb, concurrency=2):
+        job = await bb.enqueue("first_five", {})
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status is JobStatus.COMPLETED, done.error
+    usage = done.usage.model_dump() if done.usage else {}
+    assert usage["output_tokens"] == 5 and usage["estimated"] is True
+    tokens = [e.data for e in await bb.events(job.task_id) if e.type == "token"]
+    assert "".join(t["text"] for t in tokens) == done.result

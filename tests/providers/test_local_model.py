@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +73,44 @@ async def test_too_long_a_prompt_is_a_context_error_before_any_work() -> None:
                 assert not isinstance(item, Usage)
     finally:
         await provider.aclose()
+
+
+async def test_a_second_cancel_while_the_thread_stops_still_returns_its_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker cancels a job's task more than once (cancel, then lease lost): the llama.cpp
+    context must come back to the pool, or every later local call waits forever."""
+    require_local()
+    import threading
+    import time as clock
+
+    provider = LocalProvider(max_concurrent=1)
+    started = threading.Event()
+
+    def slow_generate(model, prompt, request, stops, stop):  # type: ignore[no-untyped-def]
+        started.set()
+        clock.sleep(0.5)  # a long prompt evaluation: no chance to look at `stop`
+        yield "text", "late"
+
+    monkeypatch.setattr(provider, "_load", lambda: object())
+    monkeypatch.setattr(provider, "_generate", slow_generate)
+    request = GenerationRequest(model="local", prompt="x", max_tokens=4)
+
+    async def consume() -> None:
+        async for _ in provider.stream(request):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()  # the second cancel lands while the first waits for the thread
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monkeypatch.setattr(provider, "_generate", lambda *a: iter([("usage", Usage(1, 0))]))
+    items = await asyncio.wait_for(_all(provider.stream(request)), timeout=5)
+    assert items == [Usage(1, 0)]
+
+
+async def _all(stream: Any) -> list[Any]:
+    return [item async for item in stream]

@@ -75,6 +75,9 @@ def test_inline_json_in_the_environment_configures_the_app() -> None:
         ({"models": {"m": {**OPENAI, "options": {"tokens_per_s": 3}}}}, "provider openai takes"),
         ({"models": {"m": {"provider": "simulated", "options": {"fail": "x"}}}}, "fail must be"),
         ({"default_model": "ghost"}, "is not configured"),
+        ({"models": {"m": {**OPENAI, "options": {"headers": ["x"]}}}}, "a table of strings"),
+        ({"models": {"m": {**OPENAI, "options": {"read_timeout_s": "fast"}}}}, "seconds > 0"),
+        ({"models": {"m": {"provider": "local", "options": {"threads": 0}}}}, "integer >= 1"),
         ({"modles": {}}, "unknown keys"),
     ],
 )
@@ -155,6 +158,7 @@ def test_retry_after_accepts_seconds_and_http_dates_and_refuses_junk() -> None:
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
     assert parse_retry_after("nan") is None
+    assert parse_retry_after("1000000000") == 3600.0  # a header cannot park a job for years
 
 
 def test_provider_errors_become_job_errors_with_their_own_type_and_wait() -> None:
