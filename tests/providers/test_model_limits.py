@@ -1,14 +1,17 @@
-"""A model's max_concurrent holds across worker processes (real ``backburner worker``s)."""
+"""A model's max_concurrent holds across worker processes (real ``backburner worker``s), and a
+killed worker's slot comes back when its lease ends."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +20,17 @@ from backburner import Backburner, JobStatus, Settings
 from backburner.backends.redis import RedisBackend
 from backburner.builtin import install_builtin_tasks
 from backburner.providers import ModelRouter
+from backburner.providers.slots import slot_key
 
 from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+from ..helpers import eventually
 from .fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
+LEASE_S = 2.0
+
+Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -36,14 +44,38 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     await drop_redis_keys(RedisBackend(REDIS_TEST_URL, prefix=prefix))
 
 
+def capped_models(fake: FakeOpenAI, upstream: str, limit: int, tmp_path: Path) -> Path:
+    route = {"provider": "openai", "base_url": fake.base_url, "upstream": upstream}
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"models": {"capped": {**route, "max_concurrent": limit}}}))
+    return path
+
+
 @pytest.fixture
-def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
+def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
     procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    stop(procs)
 
+    def start(concurrency: int = 5) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "BACKBURNER_BACKEND_URL": db_url,
+            "BACKBURNER_MODELS": str(tmp_path / "models.json"),
+            "BACKBURNER_LEASE_S": str(LEASE_S),
+            "BACKBURNER_HEARTBEAT_S": "0.5",
+            "BACKBURNER_SWEEP_INTERVAL_S": "0.2",
+        }
+        with (tmp_path / f"worker-{len(procs)}.log").open("wb") as log:  # the child has a copy
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "backburner", "worker", "--concurrency", str(concurrency)],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(proc)
+        return proc
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    yield start
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -55,48 +87,22 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(5)
 
 
-async def test_max_concurrent_is_never_exceeded_by_three_worker_processes(
-    fake: FakeOpenAI,
-    db_url: str,
-    tmp_path: Path,
-    workers: list[subprocess.Popen[bytes]],
-) -> None:
-    upstream = f"limited.{uuid.uuid4().hex[:8]}"  # 0.05 s a token
-    config = {
-        "models": {
-            "capped": {
-                "provider": "openai",
-                "base_url": fake.base_url,
-                "upstream": upstream,
-                "max_concurrent": 2,
-            }
-        }
-    }
-    models_file = tmp_path / "models.json"
-    models_file.write_text(json.dumps(config))
-    env = {
-        **os.environ,
-        "BACKBURNER_BACKEND_URL": db_url,
-        "BACKBURNER_MODELS": str(models_file),
-        "BACKBURNER_LEASE_S": "5",
-        "BACKBURNER_HEARTBEAT_S": "1",
-    }
-    for i in range(3):
-        with (tmp_path / f"worker-{i}.log").open("wb") as log:  # the child keeps its own copy
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "backburner", "worker", "--concurrency", "5"],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+def client(db_url: str, models: Path) -> Backburner:
     bb = Backburner(
-        settings=Settings(backend_url=db_url), models=ModelRouter.from_source(str(models_file))
+        settings=Settings(backend_url=db_url), models=ModelRouter.from_source(str(models))
     )
     install_builtin_tasks(bb)
-    async with bb:
+    return bb
+
+
+async def test_max_concurrent_is_never_exceeded_by_three_worker_processes(
+    fake: FakeOpenAI, db_url: str, tmp_path: Path, spawn: Spawn
+) -> None:
+    upstream = f"limited.{uuid.uuid4().hex[:8]}"  # 0.05 s a token
+    models = capped_models(fake, upstream, 2, tmp_path)
+    for _ in range(3):
+        spawn()
+    async with client(db_url, models) as bb:
         jobs = [
             await bb.enqueue("generate", {"prompt": f"p{i}", "model": "capped", "max_tokens": 6})
             for i in range(12)
@@ -107,3 +113,37 @@ async def test_max_concurrent_is_never_exceeded_by_three_worker_processes(
     assert len(fake.state.calls_of(upstream)) == 12
     assert fake.state.max_open_streams[upstream] == 2  # the cap, reached and never passed
     assert len(owners) >= 2, "the jobs should have been spread over the worker processes"
+
+
+async def test_the_slot_of_a_killed_worker_comes_back_when_its_lease_ends(
+    fake: FakeOpenAI, db_url: str, tmp_path: Path, spawn: Spawn
+) -> None:
+    slow = f"slow.{uuid.uuid4().hex[:8]}"  # 0.2 s a token: 200 tokens outlast the test
+    models = capped_models(fake, slow, 1, tmp_path)
+    victim = spawn(concurrency=1)
+    async with client(db_url, models) as bb:
+        first = await bb.enqueue(
+            "generate", {"prompt": "a", "model": "capped", "max_tokens": 200}, max_attempts=1
+        )
+        await eventually(lambda: len(fake.state.calls_of(slow)) == 1, message="first call")
+        spawn()  # the victim runs one job at a time: the second goes to this worker
+        second = await bb.enqueue(
+            "generate", {"prompt": "b", "model": "capped", "max_tokens": 2}, max_attempts=1
+        )
+
+        async def waiting() -> bool:
+            return (await bb.get(second.task_id)).status is JobStatus.PROCESSING
+
+        await eventually(waiting, message="the second job claimed, waiting for the slot")
+        assert len(fake.state.calls_of(slow)) == 1  # held back by the limit of 1
+        assert await bb.backend.slots_in_use(slot_key("capped"), now=time.time()) == 1
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        killed_at = time.monotonic()
+        done = await bb.wait(second.task_id, timeout=30)
+    assert done.status is JobStatus.COMPLETED, done.error
+    second_call = fake.state.calls_of(slow)[1]
+    # The victim renewed its slot every 0.5 s, so the lease ran out 1.5..2 s after the kill.
+    waited = second_call.started - killed_at
+    assert LEASE_S - 0.5 - 0.2 <= waited < LEASE_S + 5, waited
+    assert first.task_id != second.task_id
