@@ -8,7 +8,8 @@ The tree::
     ├── BackendError                the storage failed (corrupt file, unwritable path, lost server)
     │   └── BackendConnectionError  the connection broke mid-command: did it take effect? unknown
     ├── InvalidInputError           a bad argument to enqueue: input, priority, ttl, ...
-    │   └── UnknownTaskError        no task registered under that name
+    │   ├── UnknownTaskError        no task registered under that name
+    │   └── UnsafeURLError          a webhook URL that reaches a private or internal address
     ├── JobNotFoundError            no such job (never existed, or deleted by its TTL)
     ├── IdempotencyConflictError    same idempotency key, different input
     ├── QueueFullError              the backend's queue-size bound is reached
@@ -17,6 +18,7 @@ The tree::
     ├── APIError                    the HTTP API answered an error (client; .status .type .message)
     ├── TransportError              the client could not reach the API, even after retries
     ├── WaitTimeoutError            the client's wait() ran out of time (also a TimeoutError)
+    ├── WebhookVerificationError    a received webhook did not verify (header, time, signature)
     └── TaskError                   raised by handlers to steer the retry policy
         ├── Retry                   retry this attempt, optionally after a delay
         ├── PermanentError          fail the job at once, no retry
@@ -224,3 +226,12 @@ class ModelNotFoundError(ProviderError, PermanentError):
     """The provider has no such model (404), or no route names it."""
 
     code = "model_not_found"
+
+
+class WebhookVerificationError(BackburnerError):
+    """A received webhook is not authentic: a header is missing or malformed, its timestamp
+    is outside the tolerance, or no signature matches. The message names the failed check."""
+
+
+class UnsafeURLError(InvalidInputError):
+    """A webhook URL is refused: bad scheme, credentials, or a private/internal target (SSRF)."""
