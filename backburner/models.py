@@ -121,3 +121,51 @@ class Event(BaseModel):
     type: str
     data: Any = None
     at: float
+
+
+class WebhookStatus(StrEnum):
+    """Where a webhook message is: waiting for (another) attempt, or done one way or other."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+WEBHOOK_EVENTS = {
+    JobStatus.COMPLETED: "task.completed",
+    JobStatus.FAILED: "task.failed",
+    JobStatus.CANCELLED: "task.cancelled",
+}
+"""The webhook event type sent when a job reaches each terminal status."""
+
+
+class WebhookAttempt(BaseModel):
+    """One try at delivering a webhook message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: float
+    status_code: int | None = None
+    """The receiver's HTTP status; None when no answer came."""
+    latency_ms: float | None = None
+    error: str | None = None
+    """Why it did not count as delivered (None for a 2xx)."""
+
+
+class WebhookDelivery(BaseModel):
+    """A webhook message of a job (one per terminal transition) and its delivery log."""
+
+    model_config = ConfigDict(frozen=True)
+
+    msg_id: str
+    """The ``webhook-id`` header: the same on every retry, for receivers to deduplicate."""
+    task_id: str
+    event: str
+    url: str
+    status: WebhookStatus
+    created_at: float
+    next_at: float | None = None
+    """When the next attempt is due (pending only)."""
+    body: str | None = None
+    """The exact body sent, fixed by the first attempt."""
+    attempts: list[WebhookAttempt] = Field(default_factory=list)

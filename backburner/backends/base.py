@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidInputError
-from ..models import ErrorInfo, Event, Job, JobStatus, Progress
+from ..models import (
+    ErrorInfo,
+    Event,
+    Job,
+    JobStatus,
+    Progress,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookStatus,
+)
 
 CURSOR = re.compile(r"[0-9]{1,18}")
 """What a listing cursor looks like: the position of the last job of a page."""
@@ -311,6 +320,46 @@ class Backend(Protocol):
 
         InvalidTransitionError if it is not terminal.
         """
+        ...
+
+    # -- the webhook outbox ------------------------------------------------------------------
+    #
+    # finish (Complete, Fail) and cancel write a pending message into the outbox in the same
+    # atomic step that makes a job with a webhook_url terminal: msg_id "msg_" + 32 hex digits,
+    # event from models.WEBHOOK_EVENTS, url the job's webhook_url, next_at = now. Messages go
+    # with their job (delete, purge_expired).
+
+    async def claim_webhooks(
+        self, *, now: float, limit: int, lease_s: float
+    ) -> list[WebhookDelivery]:
+        """Up to ``limit`` pending messages due by ``now`` (oldest due first), each leased:
+        its next_at moves to now+lease_s, so no other dispatcher takes it meanwhile and a
+        dispatcher that dies leaves it due again. Atomic."""
+        ...
+
+    async def record_webhook_attempt(
+        self,
+        msg_id: str,
+        attempt: WebhookAttempt,
+        *,
+        status: WebhookStatus,
+        next_at: float | None,
+        body: str,
+    ) -> None:
+        """Append ``attempt`` to the message's log and set its status (pending: due again at
+        ``next_at``). The first attempt fixes ``body``; later ones keep it. A message deleted
+        meanwhile (with its job) is ignored."""
+        ...
+
+    async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
+        """The job's webhook messages with their logs, oldest first ([] if it has none).
+        JobNotFoundError if the job does not exist."""
+        ...
+
+    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
+        """Make the job's latest message pending again, due now (same msg_id and body; the
+        log is kept). JobNotFoundError if no such job; InvalidTransitionError if it has no
+        message (no webhook_url, or not terminal yet)."""
         ...
 
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:

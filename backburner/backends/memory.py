@@ -24,7 +24,18 @@ from ..errors import (
     QueueFullError,
 )
 from ..jsoncodec import check_usage, round_trip
-from ..models import AttemptRecord, ErrorInfo, Event, Job, JobStatus, Progress, Usage
+from ..models import (
+    AttemptRecord,
+    ErrorInfo,
+    Event,
+    Job,
+    JobStatus,
+    Progress,
+    Usage,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookStatus,
+)
 from .base import (
     Complete,
     Fail,
@@ -38,6 +49,7 @@ from .base import (
     check_slot_args,
     parse_cursor,
 )
+from .memory_outbox import MemoryOutbox
 
 
 def _json_copy(value: Any) -> Any:
@@ -74,6 +86,7 @@ class MemoryBackend:
         self._waiters: set[asyncio.Future[None]] = set()
         self._slots: dict[str, dict[str, float]] = {}
         """Slot key -> {holder: expires_at}; a key with no holders left is dropped."""
+        self._outbox = MemoryOutbox()
 
     async def connect(self) -> None:
         return None
@@ -292,6 +305,7 @@ class MemoryBackend:
                 history=self._close_history(job, now, "completed", None),
             )
             self._event(stored, "status", {"status": "completed", "result": result}, now)
+            self._outbox.write(stored.job, now)
         elif isinstance(outcome, Fail):
             error = outcome.error.model_dump()
             self._update(
@@ -305,6 +319,7 @@ class MemoryBackend:
             )
             self._event(stored, "attempt_failed", {"error": error, "attempt": job.attempts}, now)
             self._event(stored, "status", {"status": "failed", "error": error}, now)
+            self._outbox.write(stored.job, now)
         elif isinstance(outcome, RetryAt):
             error = outcome.error.model_dump()
             self._update(
@@ -359,6 +374,7 @@ class MemoryBackend:
             history=history,
         )
         self._event(stored, "status", {"status": "cancelled"}, now)
+        self._outbox.write(stored.job, now)
         return _copy(stored.job), True
 
     async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
@@ -404,12 +420,41 @@ class MemoryBackend:
 
     def _remove(self, stored: _Stored) -> None:
         del self._jobs[stored.job.task_id]
+        self._outbox.drop(stored.job.task_id)
         self._wake()
         for signals in self._signals.values():
             signals.pop(stored.job.task_id, None)
         key = stored.job.idempotency_key
         if key is not None and self._by_key.get(key) == stored.job.task_id:
             del self._by_key[key]
+
+    # -- webhook outbox ----------------------------------------------------------------------
+
+    async def claim_webhooks(
+        self, *, now: float, limit: int, lease_s: float
+    ) -> list[WebhookDelivery]:
+        return self._outbox.claim(now=now, limit=limit, lease_s=lease_s)
+
+    async def record_webhook_attempt(
+        self,
+        msg_id: str,
+        attempt: WebhookAttempt,
+        *,
+        status: WebhookStatus,
+        next_at: float | None,
+        body: str,
+    ) -> None:
+        self._outbox.record(msg_id, attempt, status=status, next_at=next_at, body=body)
+
+    async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
+        if task_id not in self._jobs:
+            raise JobNotFoundError(task_id)
+        return self._outbox.of_task(task_id)
+
+    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
+        if task_id not in self._jobs:
+            raise JobNotFoundError(task_id)
+        return self._outbox.redeliver(task_id, now)
 
     # -- sweeper -----------------------------------------------------------------------------
 

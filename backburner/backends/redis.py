@@ -30,7 +30,7 @@ from ..errors import (
     QueueFullError,
 )
 from ..jsoncodec import check_usage, encode
-from ..models import Event, Job, JobStatus, Progress
+from ..models import WEBHOOK_EVENTS, Event, Job, JobStatus, Progress
 from .base import (
     Complete,
     Fail,
@@ -44,6 +44,7 @@ from .base import (
     check_slot_args,
     parse_cursor,
 )
+from .outbox import new_msg_id
 from .redis_codec import (
     decode_events,
     decode_job,
@@ -57,6 +58,7 @@ from .redis_codec import (
 from .redis_link import RedisLink, Script
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
+from .redis_webhooks import WEBHOOK_SAFE_TO_REPEAT, WEBHOOK_SCRIPTS, RedisWebhookOutbox
 
 log = logging.getLogger("backburner.redis")
 
@@ -79,6 +81,7 @@ _SCRIPTS = (
     "stats",
     "slot_acquire",
     "slot_renew",
+    *WEBHOOK_SCRIPTS,
 )
 
 
@@ -92,6 +95,7 @@ _SAFE_TO_REPEAT = frozenset(
         "heartbeat",
         "slot_acquire",
         "slot_renew",
+        *WEBHOOK_SAFE_TO_REPEAT,
     }
 )
 """Scripts that change nothing (or, like a heartbeat or a slot's acquire, the same thing
@@ -111,7 +115,16 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisBackend:
+def _webhook_event(outcome: Outcome) -> str:
+    """The webhook event of the status an outcome ends in ('' for one that re-queues)."""
+    if isinstance(outcome, Complete):
+        return WEBHOOK_EVENTS[JobStatus.COMPLETED]
+    if isinstance(outcome, Fail):
+        return WEBHOOK_EVENTS[JobStatus.FAILED]
+    return ""
+
+
+class RedisBackend(RedisWebhookOutbox):
     """Backend on Redis (``redis://host:6379/0?prefix=bb``; ``rediss://`` for TLS)."""
 
     def __init__(
@@ -363,6 +376,8 @@ class RedisBackend:
             fence,
             number(now),
             "1" if only_if_lease_expired else "0",
+            new_msg_id(),  # the webhook message's id, if this makes a job with one terminal
+            _webhook_event(outcome),
             *details,
         )
         if reply[0] != b"ok":
@@ -403,7 +418,9 @@ class RedisBackend:
         raise error
 
     async def cancel(self, task_id: str, *, now: float) -> tuple[Job, bool]:
-        reply = await self._run("cancel", task_id, number(now))
+        reply = await self._run(
+            "cancel", task_id, number(now), new_msg_id(), WEBHOOK_EVENTS[JobStatus.CANCELLED]
+        )
         if reply[0] == b"missing":
             raise JobNotFoundError(task_id)
         return decode_job(reply[1]), reply[0] == b"ok"

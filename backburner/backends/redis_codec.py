@@ -3,9 +3,10 @@
 A job is two keys. ``s:<id>`` holds what never changes as JSON object members (input, metadata,
 ...). ``j:<id>`` is a hash of what does: each field named like a ``Job`` field holds JSON text
 (Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
-the backend's own bookkeeping. The script that reads a job joins both into one JSON document
-(``read_job`` in ``redis_lua/prelude.lua``), which pydantic-core parses in one call: the
-worker process, the busier side, only parses.
+the backend's own bookkeeping. ``webhook_url`` never changes but is a hash field all the same:
+the script that makes a job terminal reads it to write the webhook message. The script that
+reads a job joins both into one JSON document (``read_job`` in ``redis_lua/prelude.lua``),
+which pydantic-core parses in one call: the worker process, the busier side, only parses.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from typing import Any
 
 from ..jsoncodec import encode
-from ..models import Event, Job
+from ..models import Event, Job, WebhookDelivery
 from .base import NewJob
 
 # Queue members sort as text: priority (inverted, 3 digits), run_at (µs, 17 digits), seq.
@@ -48,8 +49,6 @@ def new_job_spec(job: NewJob, input_json: str, metadata_json: str) -> str:
         _member("metadata", metadata_json),
         _member("ttl_s", number(job.ttl_s)),
     ]
-    if job.webhook_url is not None:
-        parts.append(_member("webhook_url", encode(job.webhook_url)))
     if job.timeout_s is not None:
         parts.append(_member("timeout_s", number(job.timeout_s)))
     if job.idempotency_key is not None:
@@ -86,6 +85,8 @@ def new_job_fields(job: NewJob) -> list[str]:
         fields.append(number(job.deadline_at - job.created_at))
     if job.idempotency_key is not None:
         fields += ["_ik", job.idempotency_key]
+    if job.webhook_url is not None:  # in the hash: the terminal transition reads it
+        fields += ["webhook_url", encode(job.webhook_url)]
     return fields
 
 
@@ -97,6 +98,12 @@ def decode_job(document: bytes) -> Job:
 def decode_jobs(documents: list[Any]) -> list[Job]:
     """Jobs from a script's list of documents (jobs that vanished are false, so skipped)."""
     return [Job.model_validate_json(document) for document in documents if document]
+
+
+def decode_webhooks(documents: list[Any]) -> list[WebhookDelivery]:
+    """Webhook messages from a script's JSON documents (``read_webhook`` in
+    redis_lua/prelude.lua: the message hash's fields hold JSON text, like a job's)."""
+    return [WebhookDelivery.model_validate_json(document) for document in documents if document]
 
 
 def decode_events(task_id: str, entries: list[Any]) -> list[Event]:

@@ -52,6 +52,7 @@ from .sqlite_schema import (
     row_to_job,
 )
 from .sqlite_slots import SQLiteSlots, purge_ended_slots
+from .sqlite_webhooks import SQLiteWebhooks, delete_messages, write_message
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
@@ -82,7 +83,7 @@ def _missing_directory(path: str) -> str | None:
     return None if os.path.isdir(directory) else directory
 
 
-class SQLiteBackend(SQLiteSlots):
+class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
     """Backend on a SQLite file (``sqlite:///path.db``; ``sqlite://:memory:`` is refused)."""
 
     def __init__(
@@ -378,7 +379,10 @@ class SQLiteBackend(SQLiteSlots):
             for offset, (type_, data) in enumerate(events):
                 data = {**data, "attempt": row[ATTEMPTS]} if type_ == "attempt_failed" else data
                 _insert_event(conn, task_id, first + offset, type_, data, now)
-            return row_to_job(row)
+            job = row_to_job(row)
+            if job.webhook_url is not None and job.is_terminal:
+                write_message(conn, job, now)
+            return job
 
         return await self._executor.run(op)
 
@@ -425,7 +429,9 @@ class SQLiteBackend(SQLiteSlots):
                     (found[WORKER_ID], task_id, found[FENCE], now),
                 )
             _insert_event(conn, task_id, row[EVENT_SEQ], "status", {"status": "cancelled"}, now)
-            return row_to_job(row), True
+            job = row_to_job(row)
+            write_message(conn, job, now)
+            return job, True
 
         return await self._executor.run(op)
 
@@ -480,6 +486,7 @@ class SQLiteBackend(SQLiteSlots):
             conn.execute("DELETE FROM jobs WHERE task_id = ?", (task_id,))
             conn.execute("DELETE FROM events WHERE task_id = ?", (task_id,))
             conn.execute("DELETE FROM cancel_signals WHERE task_id = ?", (task_id,))
+            delete_messages(conn, [(task_id,)])
             return True
 
         return await self._executor.run(op)
@@ -505,6 +512,7 @@ class SQLiteBackend(SQLiteSlots):
             conn.executemany("DELETE FROM jobs WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM events WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM cancel_signals WHERE task_id = ?", ids)
+            delete_messages(conn, ids)
             # A signal for a worker that died before reading it would otherwise stay forever.
             conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))
             purge_ended_slots(conn, now)  # rows of keys nobody acquires again would stay

@@ -18,6 +18,21 @@ CREATE TABLE IF NOT EXISTS slots (
     expires_at REAL NOT NULL,
     PRIMARY KEY (key, holder)
 ) WITHOUT ROWID;
+-- The webhook outbox (sqlite_webhooks.py): one row per message, written with the terminal
+-- transition of its job, with its delivery log (a JSON array of attempts).
+CREATE TABLE IF NOT EXISTS webhooks (
+    msg_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    url TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    next_at REAL,
+    body TEXT,
+    attempts TEXT NOT NULL DEFAULT '[]'
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (next_at) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS webhooks_task ON webhooks (task_id, created_at);
 """
 """Tables added to version 1 without a version bump: only new tables, which code that does not
 know them ignores, so files stay usable by older releases. Created, if missing, at every open
@@ -196,8 +211,8 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
             conn.executescript(
                 f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
             )
-        elif not _has_table(conn, "slots"):
-            # A file made before slots existed; IF NOT EXISTS, as another process may race us.
+        elif not (_has_table(conn, "slots") and _has_table(conn, "webhooks")):
+            # A file made before these existed; IF NOT EXISTS, as another process may race us.
             conn.executescript(f"BEGIN IMMEDIATE;{ADDED_SINCE_VERSION_1}COMMIT;")
     except sqlite3.DatabaseError as exc:
         conn.close()

@@ -119,3 +119,42 @@ async def test_a_slot_key_is_a_sorted_set_that_expires_after_its_last_lease(
     await engine.release_slot("model-x", "a")
     await engine.release_slot("model-x", "b")
     assert await client.exists(key) == 0
+
+
+async def test_a_webhook_message_is_a_hash_in_the_due_set_that_goes_with_its_job(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    job = await enqueue(engine, "summarize", now=T0, ttl_s=600, webhook_url="https://h.example/in")
+    assert await client.hget(p + "j:" + job.task_id, "webhook_url") == b'"https://h.example/in"'
+    claimed = await claim_one(engine, now=T0)
+    error = ErrorInfo(type="Boom", message="no")
+    await engine.finish(job.task_id, claimed.fence, Fail(error, ttl_s=900), now=T0 + 1)
+    (message,) = await engine.webhook_deliveries(job.task_id)
+    msg_key, list_key, due = p + "wh:" + message.msg_id, p + "wh:job:" + job.task_id, p + "wh:due"
+    assert await client.type(msg_key) == b"hash"
+    assert await client.hget(msg_key, "status") == b'"pending"'
+    assert await client.hget(msg_key, "attempts") == b"[]"
+    assert await client.lrange(list_key, 0, -1) == [message.msg_id.encode()]
+    assert await client.zscore(due, message.msg_id) == T0 + 1
+    for key in (msg_key, list_key):  # the job's expiry, grace included
+        assert 900 + GRACE - 5 <= await client.ttl(key) <= 900 + GRACE, key
+    assert await client.ttl(due) == -1
+
+    # A replay keeps the message, and keeps it as long as the job; the next end expires both.
+    await engine.replay(job.task_id, now=T0 + 2, extra_attempts=1)
+    assert await client.ttl(msg_key) == -1 and await client.ttl(list_key) == -1
+    claimed = await claim_one(engine, now=T0 + 3)
+    await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 4)
+    first, second = await engine.webhook_deliveries(job.task_id)
+    assert (first.msg_id, first.event, second.event) == (
+        message.msg_id,
+        "task.failed",
+        "task.completed",
+    )
+    for key in (msg_key, p + "wh:" + second.msg_id, list_key):
+        assert 600 + GRACE - 5 <= await client.ttl(key) <= 600 + GRACE, key
+
+    # The purge takes the messages, their list and their due entries with the job.
+    assert await engine.purge_expired(now=T0 + 4 + 600, limit=10) == 1
+    assert [k for k in await keys_of(client, engine.prefix) if ":wh:" in k] == []

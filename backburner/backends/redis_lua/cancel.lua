@@ -1,8 +1,8 @@
--- ARGV: P, id, now
+-- ARGV: P, id, now, msg_id, webhook event
 local id, now = ARGV[2], ARGV[3]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', '_ty', '_sq', '_qm', 'worker_id', 'fence', '_cur',
-  '_ttl', '_ik', 'priority')
+  '_ttl', '_ik', 'priority', 'webhook_url')
 if not f[1] then return {'missing'} end
 local status = raw(f[1])
 if TERMINAL[status] then return {'unchanged', read_job(id)} end
@@ -24,5 +24,5 @@ redis.call('HSET', j, 'status', '"cancelled"', 'finished_at', now, 'expires_at',
 redis.call('HDEL', j, 'lease_expires_at')
 reindex(id, ty, tonumber(f[3]), status, 'cancelled')
 event(id, 'status', '{"status":"cancelled"}', now)
-make_terminal(id, f[9], expires, now)
+write_webhook(id, f[11], ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now))
 return {'ok', read_job(id)}

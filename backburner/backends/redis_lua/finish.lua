@@ -1,12 +1,12 @@
--- ARGV: P, id, fence, now, only_if_lease_expired 0|1, kind, ...
+-- ARGV: P, id, fence, now, only_if_lease_expired 0|1, msg_id, webhook event|'', kind, ...
 --   complete: result, usage|'', event data
 --   fail:     error, dead-letter ttl
 --   retry:    error, run_at, run_code, delayed 0|1
 --   release:  event data, run_code of now
-local id, fence, now, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6]
+local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[8]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', '_ty', '_sq',
-  'attempts', '_ttl', '_ik', 'priority', '_pq')
+  'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url')
 if f[1] ~= '"processing"' or f[2] ~= fence then return {'lost'} end
 if ARGV[5] == '1' and tonumber(f[3]) > tonumber(now) then return {'lost'} end
 local cur, ty, seq, attempts, ik = f[4], f[5], tonumber(f[6]), f[7], f[9]
@@ -15,26 +15,26 @@ redis.call('ZREM', LEASES, id)
 if kind == 'complete' then
   close_history(id, cur, now, 'completed', nil)
   local expires = tonumber(now) + tonumber(f[8])
-  redis.call('HSET', j, 'status', '"completed"', 'result', ARGV[7], 'finished_at', now,
+  redis.call('HSET', j, 'status', '"completed"', 'result', ARGV[9], 'finished_at', now,
     'expires_at', num(expires), '_pp', '100')
-  if ARGV[8] ~= '' then redis.call('HSET', j, 'usage', ARGV[8]) end
+  if ARGV[10] ~= '' then redis.call('HSET', j, 'usage', ARGV[10]) end
   redis.call('HDEL', j, 'error', 'lease_expires_at')
   reindex(id, ty, seq, 'processing', 'completed')
-  event(id, 'status', ARGV[9], now)
-  make_terminal(id, ik, expires, now)
+  event(id, 'status', ARGV[11], now)
+  write_webhook(id, f[12], msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'fail' then
-  local err = ARGV[7]
+  local err = ARGV[9]
   close_history(id, cur, now, 'failed', err)
-  local expires = tonumber(now) + tonumber(ARGV[8])
+  local expires = tonumber(now) + tonumber(ARGV[10])
   redis.call('HSET', j, 'status', '"failed"', 'error', err, 'finished_at', now,
     'expires_at', num(expires))
   redis.call('HDEL', j, 'lease_expires_at')
   reindex(id, ty, seq, 'processing', 'failed')
   event(id, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}', now)
   event(id, 'status', '{"status":"failed","error":' .. err .. '}', now)
-  make_terminal(id, ik, expires, now)
+  write_webhook(id, f[12], msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'retry' then
-  local err, run_at = ARGV[7], ARGV[8]
+  local err, run_at = ARGV[9], ARGV[10]
   close_history(id, cur, now, 'retry', err)
   redis.call('HSET', j, 'status', '"queued"', 'error', err, 'run_at', run_at)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
@@ -43,15 +43,15 @@ elseif kind == 'retry' then
   event(id, 'attempt_failed',
     '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
   event(id, 'status', '{"status":"queued"}', now)
-  enqueue_ready(id, ty, f[11], ARGV[9], f[6], run_at, ARGV[10] == '1')
+  enqueue_ready(id, ty, f[11], ARGV[11], f[6], run_at, ARGV[12] == '1')
 elseif kind == 'release' then
   close_history(id, cur, now, 'released', nil)
   redis.call('HSET', j, 'status', '"queued"', 'attempts', tonumber(attempts) - 1, 'run_at', now)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
   reindex(id, ty, seq, 'processing', 'queued')
   redis.call('HINCRBY', QPRIO, f[10], 1)
-  event(id, 'status', ARGV[7], now)
-  enqueue_ready(id, ty, f[11], ARGV[8], f[6], now, false)
+  event(id, 'status', ARGV[9], now)
+  enqueue_ready(id, ty, f[11], ARGV[10], f[6], now, false)
 else
   return redis.error_reply('unknown outcome ' .. kind)
 end

@@ -98,6 +98,54 @@ local function close_history(id, cur, now, outcome, error_json)
   redis.call('HDEL', j, '_cur')
 end
 
+-- The webhook outbox. A message is a hash whk(msg) whose fields hold JSON text, like a job's
+-- (task_id, event, url, status, created_at, next_at while pending, body once sent, attempts:
+-- a JSON array); WH_DUE holds pending msg ids by next_at; whjob(id) lists a job's msg ids,
+-- oldest first. Messages live and die with their job.
+local WH_DUE = P .. 'wh:due'
+local function whk(msg) return P .. 'wh:' .. msg end
+local function whjob(id) return P .. 'wh:job:' .. id end
+
+local function read_webhook(msg)
+  local flat = redis.call('HGETALL', whk(msg))
+  if #flat == 0 then return false end
+  local parts = {'{"msg_id":"', msg, '"'}
+  for i = 1, #flat, 2 do parts[#parts + 1] = ',"' .. flat[i] .. '":' .. flat[i + 1] end
+  parts[#parts + 1] = '}'
+  return table.concat(parts)
+end
+
+local function expire_webhooks(id, ttl) -- ttl: nil to PERSIST
+  local list = whjob(id)
+  local msgs = redis.call('LRANGE', list, 0, -1)
+  if #msgs == 0 then return end
+  for _, key in ipairs(msgs) do
+    if ttl then redis.call('EXPIRE', whk(key), ttl) else redis.call('PERSIST', whk(key)) end
+  end
+  if ttl then redis.call('EXPIRE', list, ttl) else redis.call('PERSIST', list) end
+end
+
+local function forget_webhooks(id)
+  local list = whjob(id)
+  for _, msg in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    redis.call('DEL', whk(msg))
+    redis.call('ZREM', WH_DUE, msg)
+  end
+  redis.call('DEL', list)
+end
+
+-- In the step that makes a job terminal: a pending message, due now, when the job has a
+-- webhook_url (url: its JSON text). msg and event come from the caller.
+local function write_webhook(id, url, msg, event, now, ttl)
+  if not url or msg == '' or event == '' then return end
+  redis.call('HSET', whk(msg), 'task_id', cjson.encode(id), 'event', cjson.encode(event),
+    'url', url, 'status', '"pending"', 'created_at', now, 'next_at', now, 'attempts', '[]')
+  redis.call('ZADD', WH_DUE, now, msg)
+  redis.call('RPUSH', whjob(id), msg)
+  expire_webhooks(id, ttl)
+end
+
+-- Returns the TTL the job's keys got (its webhook messages get the same: write_webhook).
 local function make_terminal(id, ik, expires, now)
   redis.call('ZADD', EXPIRING, expires, id)
   local ttl = math.max(1, math.ceil(expires - tonumber(now))) + GRACE
@@ -105,12 +153,14 @@ local function make_terminal(id, ik, expires, now)
   redis.call('EXPIRE', skey(id), ttl)
   redis.call('EXPIRE', ekey(id), ttl)
   if ik and ik ~= '' then redis.call('EXPIRE', P .. 'k:' .. ik, ttl) end
+  return ttl
 end
 
 local function forget(id, fields)
   -- fields: HMGET of _ty, status, _ik, worker_id, _sq
   local ty, status, ik = fields[1], fields[2], fields[3]
   redis.call('DEL', jkey(id), skey(id), ekey(id))
+  forget_webhooks(id)
   redis.call('ZREM', P .. 'i:all', id)
   redis.call('ZREM', EXPIRING, id)
   if ty then

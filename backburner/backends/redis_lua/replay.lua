@@ -14,6 +14,7 @@ redis.call('PERSIST', j)
 redis.call('PERSIST', skey(id))
 redis.call('PERSIST', ekey(id))
 if f[6] then redis.call('PERSIST', P .. 'k:' .. f[6]) end
+expire_webhooks(id, nil) -- its messages stay as they are, and live as long as it does
 redis.call('ZREM', EXPIRING, id)
 reindex(id, ty, seq, 'failed', 'queued')
 redis.call('HINCRBY', QPRIO, f[7], 1)

@@ -1,0 +1,33 @@
+"""What every backend's webhook outbox shares: the message a terminal transition writes."""
+
+from __future__ import annotations
+
+import uuid
+
+from ..models import WEBHOOK_EVENTS, Job, JobStatus, WebhookDelivery, WebhookStatus
+
+
+def new_msg_id() -> str:
+    """A webhook message id: ``msg_`` and 128 random bits."""
+    return "msg_" + uuid.uuid4().hex
+
+
+def webhook_event(status: JobStatus) -> str | None:
+    """The webhook event of a terminal status (None for the others)."""
+    return WEBHOOK_EVENTS.get(status)
+
+
+def new_message(job: Job, now: float, msg_id: str | None = None) -> WebhookDelivery | None:
+    """The pending message for a job that just became terminal; None without a webhook_url."""
+    event = webhook_event(job.status)
+    if job.webhook_url is None or event is None:
+        return None
+    return WebhookDelivery(
+        msg_id=msg_id or new_msg_id(),
+        task_id=job.task_id,
+        event=event,
+        url=job.webhook_url,
+        status=WebhookStatus.PENDING,
+        created_at=now,
+        next_at=now,
+    )

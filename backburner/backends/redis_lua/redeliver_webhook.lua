@@ -1,0 +1,8 @@
+-- ARGV: P, id, now. The job's latest message becomes pending, due now (id, body and log kept).
+local id, now = ARGV[2], ARGV[3]
+if redis.call('EXISTS', jkey(id)) == 0 then return {'missing'} end
+local msg = redis.call('LINDEX', whjob(id), -1)
+if not msg or redis.call('EXISTS', whk(msg)) == 0 then return {'none'} end
+redis.call('HSET', whk(msg), 'status', '"pending"', 'next_at', now)
+redis.call('ZADD', WH_DUE, now, msg)
+return {'ok', read_webhook(msg)}

@@ -1,0 +1,183 @@
+"""The webhook outbox: written with the terminal transition, leased, logged, redelivered."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from backburner.backends import Backend
+from backburner.backends.base import Complete, Fail, Release, RetryAt
+from backburner.errors import InvalidTransitionError, JobNotFoundError
+from backburner.models import JobStatus, WebhookAttempt, WebhookStatus
+
+from ._support import LEASE, T0, claim_one, enqueue, error
+
+HOOK = "https://hooks.example.com/in"
+
+
+async def running(backend: Backend, *, webhook_url: str | None = HOOK) -> tuple[str, int]:
+    job = await enqueue(backend, webhook_url=webhook_url)
+    claimed = await claim_one(backend, job.task_id)
+    return job.task_id, claimed.fence
+
+
+async def test_completing_a_job_with_a_webhook_writes_one_pending_message(
+    backend: Backend,
+) -> None:
+    task_id, fence = await running(backend)
+    assert await backend.webhook_deliveries(task_id) == []
+    await backend.finish(task_id, fence, Complete(result={"ok": 1}), now=T0 + 5)
+    (message,) = await backend.webhook_deliveries(task_id)
+    assert re.fullmatch(r"msg_[0-9a-f]{32}", message.msg_id)
+    assert (message.task_id, message.event, message.url) == (task_id, "task.completed", HOOK)
+    assert message.status is WebhookStatus.PENDING
+    assert message.created_at == T0 + 5 and message.next_at == T0 + 5
+    assert message.body is None and message.attempts == []
+
+
+@pytest.mark.parametrize("how", ["fail", "cancel-processing", "cancel-queued"])
+async def test_failing_and_cancelling_write_their_own_event(backend: Backend, how: str) -> None:
+    if how == "cancel-queued":
+        task_id = (await enqueue(backend, webhook_url=HOOK)).task_id
+        await backend.cancel(task_id, now=T0 + 3)
+        expected = "task.cancelled"
+    else:
+        task_id, fence = await running(backend)
+        if how == "fail":
+            await backend.finish(task_id, fence, Fail(error(), ttl_s=900.0), now=T0 + 3)
+            expected = "task.failed"
+        else:
+            await backend.cancel(task_id, now=T0 + 3)
+            expected = "task.cancelled"
+    (message,) = await backend.webhook_deliveries(task_id)
+    assert message.event == expected and message.next_at == T0 + 3
+
+
+async def test_no_message_without_a_webhook_url_or_for_a_retry(backend: Backend) -> None:
+    plain, fence = await running(backend, webhook_url=None)
+    await backend.finish(plain, fence, Complete(result=None), now=T0 + 1)
+    assert await backend.webhook_deliveries(plain) == []
+    retried, fence = await running(backend)
+    await backend.finish(retried, fence, RetryAt(error(), run_at=T0 + 50), now=T0 + 1)
+    released = (await claim_one(backend, retried, now=T0 + 60)).fence
+    await backend.finish(retried, released, Release(), now=T0 + 61)
+    assert await backend.webhook_deliveries(retried) == []
+    assert await backend.claim_webhooks(now=T0 + 100, limit=10, lease_s=LEASE) == []
+
+
+async def test_a_fenced_off_finish_writes_no_message(backend: Backend) -> None:
+    task_id, fence = await running(backend)
+    await backend.cancel(task_id, now=T0 + 1)  # one message: task.cancelled
+    with pytest.raises(Exception):  # noqa: B017 - LeaseLostError; the point is what follows
+        await backend.finish(task_id, fence, Complete(result=None), now=T0 + 2)
+    assert [m.event for m in await backend.webhook_deliveries(task_id)] == ["task.cancelled"]
+
+
+async def test_claim_leases_due_messages_oldest_first(backend: Backend) -> None:
+    ids = []
+    for i in range(3):
+        task_id, fence = await running(backend)
+        await backend.finish(task_id, fence, Complete(result=i), now=T0 + 10 - i)
+        ids.append(task_id)
+    assert await backend.claim_webhooks(now=T0 + 7, limit=10, lease_s=LEASE) == []
+    first = await backend.claim_webhooks(now=T0 + 20, limit=2, lease_s=LEASE)
+    assert [m.task_id for m in first] == [ids[2], ids[1]]
+    assert all(m.next_at == T0 + 20 + LEASE for m in first)
+    second = await backend.claim_webhooks(now=T0 + 21, limit=10, lease_s=LEASE)
+    assert [m.task_id for m in second] == [ids[0]]
+    # A dispatcher that died: its messages are due again when the lease ends.
+    again = await backend.claim_webhooks(now=T0 + 20 + LEASE, limit=10, lease_s=LEASE)
+    assert {m.task_id for m in again} == {ids[1], ids[2]}
+
+
+async def test_concurrent_claims_never_hand_out_a_message_twice(backend: Backend) -> None:
+    for _ in range(6):
+        task_id, fence = await running(backend)
+        await backend.finish(task_id, fence, Complete(result=None), now=T0 + 1)
+    batches = await asyncio.gather(
+        *(backend.claim_webhooks(now=T0 + 2, limit=2, lease_s=LEASE) for _ in range(5))
+    )
+    claimed = [m.msg_id for batch in batches for m in batch]
+    assert len(claimed) == 6 and len(set(claimed)) == 6
+
+
+async def test_attempts_are_logged_and_the_first_fixes_the_body(backend: Backend) -> None:
+    task_id, fence = await running(backend)
+    await backend.finish(task_id, fence, Complete(result=None), now=T0 + 1)
+    (message,) = await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
+    failed = WebhookAttempt(at=T0 + 1, status_code=503, latency_ms=12.5, error="503")
+    await backend.record_webhook_attempt(
+        message.msg_id, failed, status=WebhookStatus.PENDING, next_at=T0 + 6, body='{"a":1}'
+    )
+    assert await backend.claim_webhooks(now=T0 + 5, limit=1, lease_s=LEASE) == []
+    (retry,) = await backend.claim_webhooks(now=T0 + 6, limit=1, lease_s=LEASE)
+    assert retry.body == '{"a":1}' and retry.attempts == [failed]
+    ok = WebhookAttempt(at=T0 + 6, status_code=204, latency_ms=3.0)
+    await backend.record_webhook_attempt(
+        message.msg_id, ok, status=WebhookStatus.DELIVERED, next_at=None, body='{"other":2}'
+    )
+    (done,) = await backend.webhook_deliveries(task_id)
+    assert done.status is WebhookStatus.DELIVERED and done.next_at is None
+    assert done.body == '{"a":1}' and done.attempts == [failed, ok]
+    assert await backend.claim_webhooks(now=T0 + 10_000, limit=1, lease_s=LEASE) == []
+
+
+async def test_a_failed_message_can_be_redelivered_with_the_same_id_and_body(
+    backend: Backend,
+) -> None:
+    task_id, fence = await running(backend)
+    await backend.finish(task_id, fence, Complete(result=None), now=T0 + 1)
+    (message,) = await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
+    gone = WebhookAttempt(at=T0 + 1, status_code=410, error="410 Gone")
+    await backend.record_webhook_attempt(
+        message.msg_id, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
+    )
+    again = await backend.redeliver_webhook(task_id, now=T0 + 50)
+    assert again.msg_id == message.msg_id and again.status is WebhookStatus.PENDING
+    assert again.next_at == T0 + 50 and again.body == "{}" and again.attempts == [gone]
+    (due,) = await backend.claim_webhooks(now=T0 + 50, limit=1, lease_s=LEASE)
+    assert due.msg_id == message.msg_id
+
+
+async def test_redeliver_refuses_jobs_without_a_message(backend: Backend) -> None:
+    with pytest.raises(JobNotFoundError):
+        await backend.redeliver_webhook("task_" + "0" * 32, now=T0)
+    with pytest.raises(JobNotFoundError):
+        await backend.webhook_deliveries("task_" + "0" * 32)
+    plain, fence = await running(backend, webhook_url=None)
+    await backend.finish(plain, fence, Complete(result=None), now=T0 + 1)
+    with pytest.raises(InvalidTransitionError):
+        await backend.redeliver_webhook(plain, now=T0 + 2)
+    queued = await enqueue(backend, webhook_url=HOOK)
+    with pytest.raises(InvalidTransitionError):
+        await backend.redeliver_webhook(queued.task_id, now=T0)
+
+
+async def test_messages_go_with_their_job(backend: Backend) -> None:
+    deleted, fence = await running(backend)
+    await backend.finish(deleted, fence, Complete(result=None), now=T0 + 1)
+    assert await backend.delete(deleted) is True
+    expired, fence = await running(backend)
+    await backend.finish(expired, fence, Fail(error(), ttl_s=10.0), now=T0 + 1)
+    assert await backend.purge_expired(now=T0 + 100, limit=10) >= 1
+    assert await backend.claim_webhooks(now=T0 + 100, limit=10, lease_s=LEASE) == []
+    lost = await backend.claim_webhooks(now=T0 + 100, limit=10, lease_s=LEASE)
+    assert lost == []
+    await backend.record_webhook_attempt(  # the message of a deleted job: ignored, no error
+        "msg_" + "0" * 32,
+        WebhookAttempt(at=T0),
+        status=WebhookStatus.DELIVERED,
+        next_at=None,
+        body="{}",
+    )
+
+
+async def test_a_status_of_the_job_is_unchanged_by_its_messages(backend: Backend) -> None:
+    task_id, fence = await running(backend)
+    done = await backend.finish(task_id, fence, Complete(result=7), now=T0 + 1)
+    await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
+    stored = await backend.get(task_id)
+    assert stored is not None and stored.model_dump() == done.model_dump()
+    assert stored.status is JobStatus.COMPLETED
