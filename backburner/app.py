@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -19,11 +20,12 @@ from .errors import (
 )
 from .hooks import HookChain, Hooks
 from .jsoncodec import round_trip
-from .models import Event, Job, JobStatus
+from .models import Event, Job, JobStatus, WebhookDelivery
 from .providers.job_llm import LimitSettings
 from .providers.routing import ModelRouter
 from .settings import Settings
 from .tasks import Handler, TaskDefinition
+from .webhooks.ssrf import check_url
 from .worker.retry import RetryPolicy
 from .worker.sweeper import SweepReport, sweep_once
 
@@ -266,10 +268,13 @@ class Backburner:
             raise InvalidInputError(
                 f"idempotency_key must be a string of 1..{MAX_KEY_LENGTH} characters"
             )
-        if webhook_url is not None and (
-            not isinstance(webhook_url, str) or not webhook_url.startswith(("http://", "https://"))
-        ):
-            raise InvalidInputError("webhook_url must be an http:// or https:// URL")
+        if webhook_url is not None:
+            if not isinstance(webhook_url, str) or not webhook_url.startswith(
+                ("http://", "https://")
+            ):
+                raise InvalidInputError("webhook_url must be an http:// or https:// URL")
+            # Checked again, with DNS, when each delivery connects (ssrf.resolve_safe).
+            check_url(webhook_url, allow=self.settings.allowed_webhook_hosts())
         now = self.clock.now()
         due = now
         if delay is not None and run_at is not None:
@@ -393,6 +398,21 @@ class Backburner:
                     worker.cancel_local(task_id, before.fence)
             await self.hooks.cancel(job)
         return job
+
+    async def webhooks(self, task_id: str) -> builtins.list[WebhookDelivery]:
+        """The job's webhook messages and every delivery attempt. JobNotFoundError if none."""
+        await self.connect()
+        return await self.backend.webhook_deliveries(task_id)
+
+    async def redeliver_webhook(self, task_id: str) -> WebhookDelivery:
+        """Send the job's webhook again (same webhook-id and body), now.
+
+        InvalidTransitionError if the job has none (no webhook_url, or not finished)."""
+        await self.connect()
+        message = await self.backend.redeliver_webhook(task_id, now=self.clock.now())
+        for worker in self._workers:  # a dispatcher in this process sends it at once
+            worker.dispatcher.poke()
+        return message
 
     async def replay(self, task_id: str, *, max_attempts: int | None = None) -> Job:
         """Re-queue a dead-lettered (failed) job with a fresh attempt budget; keeps history."""

@@ -62,6 +62,17 @@ class Settings:
     """Model routing: a TOML (or JSON) file's path, or inline JSON. None: the built-in models."""
     default_model: str | None = None
     """The model of a generation that names none (overrides the routing file's default)."""
+    webhook_secret: str | None = None
+    """``whsec_...`` secret(s) that sign webhooks; several, space-separated, during a rotation."""
+    webhook_timeout_s: float = 15.0
+    """How long one webhook attempt may take (connect to last byte)."""
+    webhook_retry_schedule: str = "0,5,300,1800,7200,18000,36000,36000"
+    """Seconds before each attempt of a webhook message (the first is its first attempt)."""
+    webhook_allow_hosts: str = ""
+    """Hosts or networks (comma-separated, e.g. ``127.0.0.0/8,localhost``) webhooks may reach
+    despite the SSRF guard. Empty: only public addresses. For tests and local development."""
+    webhook_concurrency: int = 100
+    """Webhook messages one worker process delivers at once."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -86,6 +97,8 @@ class Settings:
             "max_prompt_chars",
             "max_tokens_limit",
             "sse_keepalive_s",
+            "webhook_timeout_s",
+            "webhook_concurrency",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -98,8 +111,26 @@ class Settings:
             )
         if self.max_queue_size is not None and self.max_queue_size <= 0:
             raise ConfigurationError("max_queue_size must be > 0 (or unset for no bound)")
+        self.retry_schedule()  # fails loudly on a bad schedule
         if self.default_timeout_s is not None and self.default_timeout_s <= 0:
             raise ConfigurationError("default_timeout_s must be > 0 (or unset for none)")
+
+    def retry_schedule(self) -> tuple[float, ...]:
+        """``webhook_retry_schedule`` as numbers (ConfigurationError if it is not a list of
+        seconds >= 0)."""
+        try:
+            delays = tuple(float(part) for part in self.webhook_retry_schedule.split(","))
+        except ValueError:
+            delays = ()
+        if not delays or any(not 0 <= d < float("inf") for d in delays):
+            raise ConfigurationError(
+                "webhook_retry_schedule must be comma-separated seconds >= 0, got "
+                f"{self.webhook_retry_schedule!r}"
+            )
+        return delays
+
+    def allowed_webhook_hosts(self) -> tuple[str, ...]:
+        return tuple(h.strip() for h in self.webhook_allow_hosts.split(",") if h.strip())
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated again)."""

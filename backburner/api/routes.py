@@ -13,7 +13,7 @@ from ..backends.base import fingerprint
 from ..builtin import GENERATE, prompt_chars
 from ..errors import InvalidInputError
 from ..jsoncodec import depth
-from ..models import Job, JobStatus
+from ..models import Job, JobStatus, WebhookDelivery
 from ..settings import Settings
 from .errors import documented
 from .estimates import DurationEstimator, poll_after
@@ -262,6 +262,28 @@ def build_router(api: Api) -> APIRouter:
         """Cancel now (idempotent): a queued job never runs, a running one stops within 1 s."""
         job = await bb.cancel(task_id)
         return await api.view_of(job)
+
+    @router.get(
+        "/v1/tasks/{task_id}/webhooks",
+        response_model=list[WebhookDelivery],
+        responses=documented(404, 503),
+        tags=["webhooks"],
+    )
+    async def webhook_log(task_id: str) -> list[WebhookDelivery]:
+        """The job's webhook messages, each with every delivery attempt (time, status code,
+        latency, error)."""
+        return await bb.webhooks(task_id)
+
+    @router.post(
+        "/v1/tasks/{task_id}/webhooks/redeliver",
+        status_code=202,
+        response_model=WebhookDelivery,
+        responses=documented(404, 409, 503),
+        tags=["webhooks"],
+    )
+    async def redeliver(task_id: str) -> WebhookDelivery:
+        """Send the job's webhook again now (same webhook-id and body); 409 if it has none."""
+        return await bb.redeliver_webhook(task_id)
 
     @router.delete(
         "/v1/tasks/{task_id}",

@@ -64,6 +64,13 @@ def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: 
     )
     if run_worker:
         console.print(_model_line(bb), highlight=False, soft_wrap=True)
+    if not settings.webhook_secret:
+        console.print(
+            "webhooks: not signed, so not sent, until BACKBURNER_WEBHOOK_SECRET is set"
+            " (backburner webhook-secret makes one)",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(
         f"try:  curl -s -X POST {url}/v1/generate -H 'Content-Type: application/json'"
         """ -d '{"prompt": "Hello"}'""",
@@ -223,6 +230,14 @@ async def _demo(bb: Backburner, count: int) -> None:
         )
 
 
+def webhook_secret() -> None:
+    """Print a new webhook signing secret (set it as BACKBURNER_WEBHOOK_SECRET)."""
+    from ..webhooks import generate_secret
+
+    typer.echo(generate_secret())
+
+
 def register(cli: typer.Typer) -> None:
     for command in (serve, api, worker, enqueue, demo):
         cli.command()(command)
+    cli.command("webhook-secret")(webhook_secret)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
+from ..webhooks.dispatcher import WebhookDispatcher
 from .attempt import CANCELLED, LEASE_LOST, SHUTDOWN, Attempt, execute
 from .sweeper import sweep_once
 
@@ -52,6 +53,8 @@ class Worker:
         self._force = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._last_beat = time.monotonic()
+        self.dispatcher = WebhookDispatcher(app)
+        """Delivers the webhook outbox while this worker runs."""
 
     # -- control -----------------------------------------------------------------------------
 
@@ -88,6 +91,13 @@ class Worker:
         self.app.attach_worker(self)
         background: list[asyncio.Task[None]] = []
         stop_waiter = asyncio.create_task(self._stopping.wait())
+        # The webhook outbox is delivered from every worker process; it keeps going while
+        # running jobs finish after a shutdown request, and stops after them.
+        dispatcher = self.dispatcher
+        poke = dispatcher.hook()
+        self.app.hooks.hooks.append(poke)
+        dispatch_stop = asyncio.Event()
+        dispatching = asyncio.create_task(dispatcher.run(dispatch_stop))
         try:
             await self._heartbeat()
             background = [
@@ -100,6 +110,9 @@ class Worker:
             await self._claim_loop(stop_waiter)
             await self._drain()
         finally:
+            dispatch_stop.set()
+            await asyncio.gather(dispatching, return_exceptions=True)
+            self.app.hooks.hooks.remove(poke)
             stop_waiter.cancel()
             for task in background:
                 task.cancel()

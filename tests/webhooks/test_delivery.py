@@ -1,0 +1,217 @@
+"""Webhooks end to end: a worker, the outbox, and a real receiver on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from backburner import Backburner
+from backburner.errors import UnsafeURLError
+from backburner.models import WebhookStatus
+from backburner.webhooks import verify
+
+from ..helpers import eventually, running_worker
+from .conftest import SECRET
+from .receiver import Answer, Receiver, free_port, receiver
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def delivered(bb: Backburner, task_id: str) -> None:
+    async def done() -> bool:
+        messages = await bb.webhooks(task_id)
+        return bool(messages) and messages[-1].status is not WebhookStatus.PENDING
+
+    await eventually(done, timeout=30, message="the webhook settled")
+
+
+async def test_a_completed_job_posts_a_signed_body_that_verifies(
+    hooks: Receiver, make: Any
+) -> None:
+    bb = await make()
+    async with running_worker(bb):
+        job = await bb.enqueue(
+            "echo", {"value": 42}, webhook_url=hooks.url("/ok"), metadata={"u": 1}
+        )
+        (request,) = await asyncio.to_thread(hooks.state.wait_for, "/ok", 1)
+        await delivered(bb, job.task_id)
+    verify(SECRET, request.headers, request.body)
+    body = json.loads(request.body)
+    done = await bb.get(job.task_id)
+    assert body == {
+        "type": "task.completed",
+        "task_id": job.task_id,
+        "status": "completed",
+        "result": {"echo": 42},
+        "usage": {"input_tokens": 1, "output_tokens": 2},
+        "metadata": {"u": 1},
+        "created_at": done.created_at,
+        "finished_at": done.finished_at,
+    }
+    (message,) = await bb.webhooks(job.task_id)
+    assert request.headers["webhook-id"] == message.msg_id
+    assert request.headers["content-type"] == "application/json"
+    assert message.status is WebhookStatus.DELIVERED and message.body == request.body.decode()
+    (attempt,) = message.attempts
+    assert attempt.status_code == 204 and attempt.error is None and attempt.latency_ms > 0
+
+
+async def test_failures_retry_with_the_same_id_until_it_is_delivered(
+    hooks: Receiver, make: Any
+) -> None:
+    hooks.state.plan("/flaky", Answer(500), Answer(502), Answer(404))
+    bb = await make()
+    async with running_worker(bb):
+        job = await bb.enqueue("broken", webhook_url=hooks.url("/flaky"))
+        requests = await asyncio.to_thread(hooks.state.wait_for, "/flaky", 4)
+        await delivered(bb, job.task_id)
+    assert len({r.headers["webhook-id"] for r in requests}) == 1
+    assert len({r.body for r in requests}) == 1  # the same bytes every time
+    assert json.loads(requests[0].body)["type"] == "task.failed"
+    assert json.loads(requests[0].body)["error"]["type"] == "ValueError"
+    for request in requests:
+        verify(SECRET, request.headers, request.body)
+    (message,) = await bb.webhooks(job.task_id)
+    assert [a.status_code for a in message.attempts] == [500, 502, 404, 204]
+    assert message.status is WebhookStatus.DELIVERED
+
+
+async def test_a_receiver_that_is_down_then_up_gets_it(make: Any) -> None:
+    port = free_port()
+    bb = await make(webhook_retry_schedule="0,0.3,0.3,0.3,0.3,0.3,0.3")
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=f"http://127.0.0.1:{port}/late")
+
+        async def refused() -> bool:
+            messages = await bb.webhooks(job.task_id)
+            return bool(messages) and len(messages[0].attempts) >= 1
+
+        await eventually(refused, message="a first attempt, refused")
+        with receiver(port) as late:
+            await asyncio.to_thread(late.state.wait_for, "/late", 1)
+            await delivered(bb, job.task_id)
+    (message,) = await bb.webhooks(job.task_id)
+    assert message.status is WebhookStatus.DELIVERED
+    assert message.attempts[0].status_code is None and "ConnectError" in (
+        message.attempts[0].error or ""
+    )
+    assert message.attempts[-1].status_code == 204
+
+
+async def test_429_retry_after_is_waited_for(hooks: Receiver, make: Any) -> None:
+    hooks.state.plan("/busy", Answer(429, {"Retry-After": "1"}))
+    bb = await make()  # the schedule's own delay would be 0.2 s
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/busy"))
+        first, second = await asyncio.to_thread(hooks.state.wait_for, "/busy", 2)
+        await delivered(bb, job.task_id)
+    assert 1.0 <= second.at - first.at < 3.0, second.at - first.at
+
+
+async def test_410_gone_stops_at_once(hooks: Receiver, make: Any) -> None:
+    hooks.state.plan("/gone", Answer(410))
+    bb = await make()
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/gone"))
+        await delivered(bb, job.task_id)
+        (message,) = await bb.webhooks(job.task_id)
+        assert message.status is WebhookStatus.FAILED and len(message.attempts) == 1
+        assert await bb.backend.claim_webhooks(now=bb.clock.now() + 1e6, limit=9, lease_s=1) == []
+    assert len(hooks.state.at("/gone")) == 1
+
+
+async def test_the_schedule_runs_out_and_the_message_fails(hooks: Receiver, make: Any) -> None:
+    hooks.state.plan("/down", *[Answer(503)] * 10)
+    bb = await make(webhook_retry_schedule="0,0.1,0.1")
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/down"))
+        await delivered(bb, job.task_id)
+    (message,) = await bb.webhooks(job.task_id)
+    assert message.status is WebhookStatus.FAILED
+    assert [a.status_code for a in message.attempts] == [503, 503, 503]
+    assert len(hooks.state.at("/down")) == 3
+
+
+async def test_a_redirect_is_not_followed(hooks: Receiver, make: Any) -> None:
+    hooks.state.plan("/moved", Answer(302, {"Location": "http://169.254.169.254/latest"}))
+    bb = await make()
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/moved"))
+        await asyncio.to_thread(hooks.state.wait_for, "/moved", 2)  # retried, not followed
+        await delivered(bb, job.task_id)
+    (message,) = await bb.webhooks(job.task_id)
+    assert [a.status_code for a in message.attempts] == [302, 204]
+
+
+async def test_cancelling_a_job_sends_task_cancelled(hooks: Receiver, make: Any) -> None:
+    bb = await make()
+    job = await bb.enqueue("echo", webhook_url=hooks.url("/cancel"), delay=60)
+    async with running_worker(bb):
+        await bb.cancel(job.task_id)
+        (request,) = await asyncio.to_thread(hooks.state.wait_for, "/cancel", 1)
+    body = json.loads(request.body)
+    assert (body["type"], body["status"]) == ("task.cancelled", "cancelled")
+    assert "result" not in body
+
+
+async def test_redeliver_sends_the_same_message_again(hooks: Receiver, make: Any) -> None:
+    bb = await make()
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/again"))
+        await asyncio.to_thread(hooks.state.wait_for, "/again", 1)
+        await delivered(bb, job.task_id)
+        await bb.redeliver_webhook(job.task_id)
+        first, second = await asyncio.to_thread(hooks.state.wait_for, "/again", 2)
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    assert first.body == second.body
+    (message,) = await bb.webhooks(job.task_id)
+    assert len(message.attempts) == 2
+
+
+async def test_without_a_secret_nothing_is_sent_and_the_log_says_why(
+    hooks: Receiver, make: Any
+) -> None:
+    bb = await make(webhook_secret=None)
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/unsigned"))
+
+        async def tried() -> bool:
+            messages = await bb.webhooks(job.task_id)
+            return bool(messages) and bool(messages[0].attempts)
+
+        await eventually(tried, message="an attempt")
+    (message,) = await bb.webhooks(job.task_id)
+    assert "no webhook secret" in (message.attempts[0].error or "")
+    assert hooks.state.at("/unsigned") == []
+
+
+async def test_private_addresses_are_refused_at_enqueue(make: Any) -> None:
+    bb = await make(webhook_allow_hosts="")
+    for url in ("http://127.0.0.1:9/x", "http://10.0.0.1/x", "http://[::1]/x", "http://0x7f.1/"):
+        with pytest.raises(UnsafeURLError):
+            await bb.enqueue("echo", webhook_url=url)
+    assert (await bb.list()).jobs == []
+
+
+async def test_a_name_resolving_to_a_private_address_is_refused_when_it_connects(
+    make: Any,
+) -> None:
+    from backburner.webhooks.dispatcher import WebhookDispatcher
+
+    bb = await make(webhook_allow_hosts="")
+    job = await bb.enqueue("echo", webhook_url="https://hooks.example.test/in")
+
+    async def private(host: str, port: int) -> list[str]:
+        assert host == "hooks.example.test"
+        return ["93.184.216.34", "10.0.0.7"]  # one public, one private: refused
+
+    dispatcher = WebhookDispatcher(bb, resolver=private)
+    async with running_worker(bb):
+        await bb.cancel(job.task_id)
+    (message,) = await bb.webhooks(job.task_id)
+    attempt, verdict = await dispatcher.attempt(message, "{}")
+    assert attempt.status_code is None and "10.0.0.7" in (attempt.error or "")
+    assert verdict.status is WebhookStatus.FAILED
