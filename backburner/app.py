@@ -236,6 +236,7 @@ class Backburner:
         run_at: float | datetime | None = None,
         metadata: dict[str, Any] | None = None,
         webhook_url: str | None = None,
+        webhook_progress: bool = False,
         request_fingerprint: str | None = None,
     ) -> NewJob:
         """Validate an enqueue request and return what would be stored (stores nothing).
@@ -275,6 +276,10 @@ class Backburner:
                 raise InvalidInputError("webhook_url must be an http:// or https:// URL")
             # Checked again, with DNS, when each delivery connects (ssrf.resolve_safe).
             check_url(webhook_url, allow=self.settings.allowed_webhook_hosts())
+        if not isinstance(webhook_progress, bool):
+            raise InvalidInputError("webhook_progress must be true or false")
+        if webhook_progress and webhook_url is None:
+            raise InvalidInputError("webhook_progress needs a webhook_url")
         now = self.clock.now()
         due = now
         if delay is not None and run_at is not None:
@@ -303,14 +308,16 @@ class Backburner:
             idempotency_key=idempotency_key,
             metadata=meta,
             webhook_url=webhook_url,
+            webhook_progress=webhook_progress,
         )
 
     async def enqueue(self, task: str, input: dict[str, Any] | None = None, **options: Any) -> Job:
         """Validate and store a job; return it (status ``queued``).
 
         Options: priority, idempotency_key, ttl, max_attempts, timeout, deadline, delay,
-        run_at, metadata, webhook_url. Raises a ``backburner.errors`` exception on bad input
-        (nothing stored), IdempotencyConflictError, QueueFullError or BackendError.
+        run_at, metadata, webhook_url, webhook_progress. Raises a ``backburner.errors``
+        exception on bad input (nothing stored), IdempotencyConflictError, QueueFullError or
+        BackendError.
         """
         job, _ = await self.submit(task, input, **options)
         return job
@@ -410,9 +417,13 @@ class Backburner:
         InvalidTransitionError if the job has none (no webhook_url, or not finished)."""
         await self.connect()
         message = await self.backend.redeliver_webhook(task_id, now=self.clock.now())
-        for worker in self._workers:  # a dispatcher in this process sends it at once
-            worker.dispatcher.poke()
+        self.poke_webhooks()
         return message
+
+    def poke_webhooks(self) -> None:
+        """A webhook message is due now: the dispatchers of this process's workers look."""
+        for worker in self._workers:
+            worker.dispatcher.poke()
 
     async def replay(self, task_id: str, *, max_attempts: int | None = None) -> Job:
         """Re-queue a dead-lettered (failed) job with a fresh attempt budget; keeps history."""

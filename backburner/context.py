@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ def activate(ctx: JobContext) -> None:
 class JobContext:
     """Handed to every handler as its first argument. Writes are fenced by the attempt."""
 
-    __slots__ = ("_backend", "_clock", "_limits", "_llm", "_models", "job", "usage")
+    __slots__ = ("_backend", "_clock", "_limits", "_llm", "_models", "_on_webhook", "job", "usage")
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class JobContext:
         *,
         models: ModelRouter | None = None,
         limits: LimitSettings | None = None,
+        on_webhook: Callable[[], None] | None = None,
     ) -> None:
         self.job = job
         self.usage: dict[str, Any] = {}
@@ -51,6 +53,7 @@ class JobContext:
         self._models = models
         self._limits = limits
         self._llm: JobLLM | None = None
+        self._on_webhook = on_webhook
 
     @property
     def backend(self) -> Backend:
@@ -93,7 +96,7 @@ class JobContext:
         if message is not None and not isinstance(message, str):
             raise InvalidInputError("progress message must be a string (or None)")
         progress = Progress(percent=float(percent), message=message)
-        return await self._backend.append_event(
+        seq = await self._backend.append_event(
             self.job_id,
             self.fence,
             "progress",
@@ -101,6 +104,14 @@ class JobContext:
             now=self._clock.now(),
             progress=progress,
         )
+        job = self.job
+        if job.webhook_progress and job.webhook_url is not None:
+            queued = await self._backend.add_progress_webhook(
+                self.job_id, self.fence, now=self._clock.now()
+            )
+            if queued and self._on_webhook is not None:
+                self._on_webhook()
+        return seq
 
     async def emit(self, type: str, data: Any = None) -> int:
         """Append a custom event (token deltas, tool calls, ...); returns its seq.

@@ -86,6 +86,8 @@ class Job(BaseModel):
     estimated_remaining_sec: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     webhook_url: str | None = None
+    webhook_progress: bool = False
+    """Also send a ``task.progress`` webhook as progress is reported (at most one waits)."""
     expires_at: float | None = None
     timeout_s: float | None = None
     deadline_at: float | None = None
@@ -130,6 +132,8 @@ class WebhookStatus(StrEnum):
     DELIVERED = "delivered"
     FAILED = "failed"
 
+
+PROGRESS_EVENT = "task.progress"
 
 WEBHOOK_EVENTS = {
     JobStatus.COMPLETED: "task.completed",

@@ -26,6 +26,7 @@ from .schemas import (
     JobView,
     StatsView,
     TaskCreate,
+    WebhookList,
     WorkerView,
 )
 
@@ -40,6 +41,13 @@ _EVENT_ID = re.compile(r"[0-9]{1,18}")
 Cursor = Annotated[
     str | None,
     Query(pattern=r"^[0-9]{1,18}$", description="next_cursor from the previous page."),
+]
+WebhookCursor = Annotated[
+    str | None,
+    Query(
+        pattern=r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,2})?:msg_[0-9a-f]{32}$",
+        description="next_cursor from the previous page.",
+    ),
 ]
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
 
@@ -137,6 +145,7 @@ def build_router(api: Api) -> APIRouter:
             model=body.input.get("model") if isinstance(body.input.get("model"), str) else None,
             priority=body.priority,
             webhook_url=body.webhook_url,
+            webhook_progress=body.webhook_progress,
             metadata=body.metadata,
             max_attempts=body.max_attempts,
             timeout=body.timeout_s,
@@ -187,6 +196,7 @@ def build_router(api: Api) -> APIRouter:
             model=model,
             priority=body.priority,
             webhook_url=body.webhook_url,
+            webhook_progress=body.webhook_progress,
             metadata=body.metadata,
         )
 
@@ -285,6 +295,22 @@ def build_router(api: Api) -> APIRouter:
         """Send the job's webhook again now (same webhook-id and body); 409 if it has none."""
         return await bb.redeliver_webhook(task_id)
 
+    @router.get(
+        "/v1/webhooks/failed",
+        response_model=WebhookList,
+        responses=documented(422, 503),
+        tags=["webhooks"],
+    )
+    async def failed_webhooks(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        cursor: WebhookCursor = None,
+    ) -> WebhookList:
+        """Webhook messages that failed for good (every attempt refused, or 410 Gone), most
+        recent first; redeliver one with POST /v1/tasks/{id}/webhooks/redeliver."""
+        await bb.connect()
+        page, next_cursor = await bb.backend.failed_webhooks(limit=limit, cursor=cursor)
+        return WebhookList(data=page, next_cursor=next_cursor)
+
     @router.delete(
         "/v1/tasks/{task_id}",
         status_code=204,
@@ -326,6 +352,7 @@ def build_router(api: Api) -> APIRouter:
             queued_by_priority={str(p): n for p, n in current.queued_by_priority.items()},
             processing=current.counts.get(JobStatus.PROCESSING, 0),
             dead_letter=current.dead_letter,
+            webhooks=await bb.backend.webhook_counts(),
             workers=[
                 WorkerView(
                     worker_id=w.worker_id,

@@ -6,7 +6,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..models import AttemptRecord, ErrorInfo, Job, JobStatus, Progress, Usage
+from ..models import (
+    AttemptRecord,
+    ErrorInfo,
+    Job,
+    JobStatus,
+    Progress,
+    Usage,
+    WebhookDelivery,
+)
 
 Priority = Field(default=None, ge=-100, le=100, description="Higher runs first (-100..100).")
 WebhookUrl = Field(default=None, max_length=2048, pattern=r"^https?://")
@@ -21,6 +29,9 @@ class TaskCreate(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
     priority: int | None = Priority
     webhook_url: str | None = WebhookUrl
+    webhook_progress: bool = Field(
+        default=False, description="Also POST task.progress to webhook_url as progress is reported."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
@@ -55,6 +66,9 @@ class GenerateCreate(BaseModel):
     )
     priority: int | None = Priority
     webhook_url: str | None = WebhookUrl
+    webhook_progress: bool = Field(
+        default=False, description="Also POST task.progress to webhook_url as progress is reported."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -97,6 +111,7 @@ class JobView(BaseModel):
     estimated_remaining_sec: float | None
     metadata: dict[str, Any]
     webhook_url: str | None
+    webhook_progress: bool = False
     expires_at: float | None
     history: list[AttemptRecord]
 
@@ -122,6 +137,7 @@ class JobView(BaseModel):
             estimated_remaining_sec=remaining,
             metadata=job.metadata,
             webhook_url=job.webhook_url,
+            webhook_progress=job.webhook_progress,
             expires_at=job.expires_at,
             history=job.history,
         )
@@ -145,6 +161,14 @@ class StatsView(BaseModel):
     processing: int
     dead_letter: int
     workers: list[WorkerView]
+    webhooks: dict[str, int] = Field(
+        default_factory=dict, description="Webhook messages by status: pending, delivered, failed."
+    )
+
+
+class WebhookList(BaseModel):
+    data: list[WebhookDelivery]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
 
 
 class ErrorDetail(BaseModel):

@@ -95,6 +95,7 @@ class NewJob:
     idempotency_key: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     webhook_url: str | None = None
+    webhook_progress: bool = False
 
     def to_job(
         self, *, input: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None
@@ -112,6 +113,7 @@ class NewJob:
             max_attempts=self.max_attempts,
             metadata=self.metadata if metadata is None else metadata,
             webhook_url=self.webhook_url,
+            webhook_progress=self.webhook_progress,
             timeout_s=self.timeout_s,
             deadline_at=self.deadline_at,
             ttl_s=self.ttl_s,
@@ -329,6 +331,25 @@ class Backend(Protocol):
     # event from models.WEBHOOK_EVENTS, url the job's webhook_url, next_at = now. Messages go
     # with their job (delete, purge_expired).
 
+    async def add_progress_webhook(self, task_id: str, fence: int, *, now: float) -> bool:
+        """Queue a ``task.progress`` message for a running job that has a webhook_url and
+        opted in (``webhook_progress``); its body is made when it is first sent, so it tells
+        the progress of that moment. Fenced like append_event (LeaseLostError). At most one
+        such message waits unsent per job: False (nothing written) while one does, or when
+        the job has no webhook or did not opt in."""
+        ...
+
+    async def webhook_counts(self) -> dict[str, int]:
+        """How many messages are pending, delivered and failed (keys: WebhookStatus values)."""
+        ...
+
+    async def failed_webhooks(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[WebhookDelivery], str | None]:
+        """Messages that failed for good, most recent failure first, and the cursor of the
+        next page (None at the end). A pure read."""
+        ...
+
     async def claim_webhooks(
         self, *, now: float, limit: int, lease_s: float
     ) -> list[WebhookDelivery]:
@@ -359,7 +380,7 @@ class Backend(Protocol):
     async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
         """Make the job's latest message pending again, due now (same msg_id and body; the
         log is kept). JobNotFoundError if no such job; InvalidTransitionError if it has no
-        message (no webhook_url, or not terminal yet)."""
+        message yet (no webhook_url, or not terminal and no progress message)."""
         ...
 
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:

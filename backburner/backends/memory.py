@@ -430,6 +430,17 @@ class MemoryBackend:
 
     # -- webhook outbox ----------------------------------------------------------------------
 
+    async def add_progress_webhook(self, task_id: str, fence: int, *, now: float) -> bool:
+        return self._outbox.add_progress(self._held(task_id, fence).job, now)
+
+    async def webhook_counts(self) -> dict[str, int]:
+        return self._outbox.counts()
+
+    async def failed_webhooks(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[WebhookDelivery], str | None]:
+        return self._outbox.failed(limit, cursor)
+
     async def claim_webhooks(
         self, *, now: float, limit: int, lease_s: float
     ) -> list[WebhookDelivery]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import InvalidTransitionError
-from ..models import Job, WebhookAttempt, WebhookDelivery, WebhookStatus
+from ..errors import InvalidInputError, InvalidTransitionError
+from ..models import PROGRESS_EVENT, Job, WebhookAttempt, WebhookDelivery, WebhookStatus
 from .outbox import new_message
 
 
@@ -14,12 +14,45 @@ class MemoryOutbox:
         self._messages: dict[str, WebhookDelivery] = {}
         self._by_task: dict[str, list[str]] = {}
 
-    def write(self, job: Job, now: float) -> None:
-        """Add the message of ``job``, which has just become terminal (if it has a webhook)."""
-        message = new_message(job, now)
-        if message is not None:
-            self._messages[message.msg_id] = message
-            self._by_task.setdefault(job.task_id, []).append(message.msg_id)
+    def write(self, job: Job, now: float, event: str | None = None) -> bool:
+        """Add the message of ``job``, which has just become terminal (if it has a webhook),
+        or of ``event``. True if one was written."""
+        message = new_message(job, now, event=event)
+        if message is None:
+            return False
+        self._messages[message.msg_id] = message
+        self._by_task.setdefault(job.task_id, []).append(message.msg_id)
+        return True
+
+    def add_progress(self, job: Job, now: float) -> bool:
+        if job.webhook_url is None or not job.webhook_progress:
+            return False
+        for message in self.of_task(job.task_id):
+            unsent = message.status is WebhookStatus.PENDING and message.body is None
+            if message.event == PROGRESS_EVENT and unsent:
+                return False
+        return self.write(job, now, event=PROGRESS_EVENT)
+
+    def counts(self) -> dict[str, int]:
+        counts = {status.value: 0 for status in WebhookStatus}
+        for message in self._messages.values():
+            counts[message.status.value] += 1
+        return counts
+
+    def failed(self, limit: int, cursor: str | None) -> tuple[list[WebhookDelivery], str | None]:
+        def key(m: WebhookDelivery) -> tuple[float, str]:
+            return (m.attempts[-1].at if m.attempts else m.created_at, m.msg_id)
+
+        failed = sorted(
+            (m for m in self._messages.values() if m.status is WebhookStatus.FAILED),
+            key=key,
+            reverse=True,
+        )
+        if cursor is not None:
+            failed = [m for m in failed if key(m) < _cursor_key(cursor)]
+        page = failed[:limit]
+        more = len(failed) > limit
+        return page, (f"{key(page[-1])[0]!r}:{page[-1].msg_id}" if more else None)
 
     def drop(self, task_id: str) -> None:
         for msg_id in self._by_task.pop(task_id, []):
@@ -72,3 +105,11 @@ class MemoryOutbox:
         )
         self._messages[message.msg_id] = message
         return message
+
+
+def _cursor_key(cursor: str) -> tuple[float, str]:
+    at, _, msg_id = cursor.partition(":")
+    try:
+        return float(at), msg_id
+    except ValueError:
+        raise InvalidInputError(f"not a cursor of this listing: {cursor!r}") from None

@@ -17,9 +17,12 @@ def webhook_event(status: JobStatus) -> str | None:
     return WEBHOOK_EVENTS.get(status)
 
 
-def new_message(job: Job, now: float, msg_id: str | None = None) -> WebhookDelivery | None:
-    """The pending message for a job that just became terminal; None without a webhook_url."""
-    event = webhook_event(job.status)
+def new_message(
+    job: Job, now: float, msg_id: str | None = None, *, event: str | None = None
+) -> WebhookDelivery | None:
+    """The pending message for a job that just became terminal (or of ``event``); None
+    without a webhook_url."""
+    event = event or webhook_event(job.status)
     if job.webhook_url is None or event is None:
         return None
     return WebhookDelivery(

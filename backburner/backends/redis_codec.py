@@ -3,9 +3,10 @@
 A job is two keys. ``s:<id>`` holds what never changes as JSON object members (input, metadata,
 ...). ``j:<id>`` is a hash of what does: each field named like a ``Job`` field holds JSON text
 (Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
-the backend's own bookkeeping. ``webhook_url`` never changes but is a hash field all the same:
-the script that makes a job terminal reads it to write the webhook message. The script that
-reads a job joins both into one JSON document (``read_job`` in ``redis_lua/prelude.lua``),
+the backend's own bookkeeping. ``webhook_url`` and ``webhook_progress`` never change but are
+hash fields all the same: the scripts that write webhook messages read them (the terminal
+transition, ``add_progress_webhook``); a job without them reads as None and false. The script
+that reads a job joins both into one JSON document (``read_job`` in ``redis_lua/prelude.lua``),
 which pydantic-core parses in one call: the worker process, the busier side, only parses.
 """
 
@@ -87,6 +88,8 @@ def new_job_fields(job: NewJob) -> list[str]:
         fields += ["_ik", job.idempotency_key]
     if job.webhook_url is not None:  # in the hash: the terminal transition reads it
         fields += ["webhook_url", encode(job.webhook_url)]
+    if job.webhook_progress:  # in the hash: add_progress_webhook reads it (absent: false)
+        fields += ["webhook_progress", "true"]
     return fields
 
 

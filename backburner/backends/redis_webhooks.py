@@ -1,32 +1,90 @@
 """The webhook outbox of the Redis backend (a mixin of ``RedisBackend``).
 
-The terminal transitions (``finish.lua``, ``cancel.lua``) write a job's messages; these methods
-lease, log and redeliver them, each in one script. A message is a hash ``wh:<msg_id>`` whose
-fields hold JSON text like a job's, ``wh:due`` holds pending msg ids by next_at, and
-``wh:job:<task_id>`` lists a job's msg ids, oldest first (docs/redis.md, "Keys").
+The terminal transitions (``finish.lua``, ``cancel.lua``) write a job's messages, and
+``add_progress_webhook`` a running job's ``task.progress`` ones; these methods lease, log,
+redeliver and count them, each in one script. A message is a hash ``wh:<msg_id>`` whose fields
+hold JSON text like a job's, ``wh:due`` holds pending msg ids by next_at, ``wh:delivered`` and
+``wh:failed`` settled ones by the time of their last attempt, and ``wh:job:<task_id>`` lists a
+job's msg ids, oldest first (docs/redis.md, "Keys").
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidInputError, InvalidTransitionError, JobNotFoundError
-from ..models import WebhookAttempt, WebhookDelivery, WebhookStatus
+from ..errors import InvalidInputError, InvalidTransitionError, JobNotFoundError, LeaseLostError
+from ..models import PROGRESS_EVENT, WebhookAttempt, WebhookDelivery, WebhookStatus
+from .outbox import new_msg_id
 from .redis_codec import decode_webhooks, number
 
-WEBHOOK_SCRIPTS = ("claim_webhooks", "record_webhook_attempt", "read_webhooks", "redeliver_webhook")
-WEBHOOK_SAFE_TO_REPEAT = frozenset({"read_webhooks", "redeliver_webhook"})
-"""A read, and a redelivery (sent twice, it leaves the message as once)."""
+WEBHOOK_SCRIPTS = (
+    "claim_webhooks",
+    "record_webhook_attempt",
+    "read_webhooks",
+    "redeliver_webhook",
+    "add_progress_webhook",
+    "webhook_counts",
+    "failed_webhooks",
+)
+WEBHOOK_SAFE_TO_REPEAT = frozenset(
+    {"read_webhooks", "redeliver_webhook", "webhook_counts", "failed_webhooks"}
+)
+"""Reads, and a redelivery (sent twice, it leaves the message as once)."""
+
+_FAILED_CURSOR = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?(?:e[-+][0-9]+)?):(.+)", re.DOTALL)
+"""A page of failed messages ends at ``<time of its last failure>:<msg_id>``."""
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _parse_failed_cursor(cursor: str | None) -> tuple[str, str]:
+    if cursor is None:
+        return "", ""
+    match = _FAILED_CURSOR.fullmatch(cursor)
+    if match is None:
+        raise InvalidInputError(f"invalid cursor {cursor!r}")
+    return number(float(match[1])), match[2]
 
 
 class RedisWebhookOutbox:
-    """``claim_webhooks``, ``record_webhook_attempt``, ``webhook_deliveries`` and
-    ``redeliver_webhook`` on the scripts of ``WEBHOOK_SCRIPTS``."""
+    """``add_progress_webhook``, ``claim_webhooks``, ``record_webhook_attempt``,
+    ``webhook_deliveries``, ``redeliver_webhook``, ``webhook_counts`` and ``failed_webhooks``
+    on the scripts of ``WEBHOOK_SCRIPTS``."""
 
     if TYPE_CHECKING:
 
         async def _run(self, name: str, *args: str | int | float) -> Any: ...
+
+    async def add_progress_webhook(self, task_id: str, fence: int, *, now: float) -> bool:
+        reply = await self._run(
+            "add_progress_webhook", task_id, fence, number(now), new_msg_id(), PROGRESS_EVENT
+        )
+        if reply[0] != b"ok":
+            raise LeaseLostError(task_id, fence)
+        return bool(reply[1])
+
+    async def webhook_counts(self) -> dict[str, int]:
+        pending, delivered, failed = await self._run("webhook_counts")
+        return {
+            WebhookStatus.PENDING.value: int(pending),
+            WebhookStatus.DELIVERED.value: int(delivered),
+            WebhookStatus.FAILED.value: int(failed),
+        }
+
+    async def failed_webhooks(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[WebhookDelivery], str | None]:
+        score, after = _parse_failed_cursor(cursor)
+        if limit <= 0:
+            return [], None
+        reply = await self._run("failed_webhooks", limit, score, after)
+        last_at, last_msg = _text(reply[0]), _text(reply[1])
+        following = f"{number(float(last_at))}:{last_msg}" if last_msg else None
+        return decode_webhooks(reply[2:]), following
 
     async def claim_webhooks(
         self, *, now: float, limit: int, lease_s: float
@@ -55,6 +113,7 @@ class RedisWebhookOutbox:
             json.dumps(status.value),
             "" if next_at is None else number(next_at),
             json.dumps(body),
+            number(attempt.at),
         )
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:

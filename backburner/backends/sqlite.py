@@ -134,6 +134,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             job.max_attempts,
             _dumps(job.metadata),
             job.webhook_url,
+            int(job.webhook_progress),
             job.timeout_s,
             job.deadline_at,
             job.ttl_s,
@@ -161,9 +162,9 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
                     )
             conn.execute(
                 "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint,"
-                " created_at, run_at, max_attempts, metadata, webhook_url, timeout_s,"
-                " deadline_at, ttl_s, idempotency_key, event_seq)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                " created_at, run_at, max_attempts, metadata, webhook_url, webhook_progress,"
+                " timeout_s, deadline_at, ttl_s, idempotency_key, event_seq)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
                 values,
             )
             _insert_event(conn, job.task_id, 1, "status", _QUEUED, job.created_at)

@@ -11,6 +11,7 @@ from ..models import Job
 SCHEMA_VERSION = 1
 
 ADDED_SINCE_VERSION_1 = """
+-- Also added since version 1: the column jobs.webhook_progress (see _upgrade_version_1).
 -- Concurrency slots (sqlite_slots.py): one row per holder of a slot, until its lease ends.
 CREATE TABLE IF NOT EXISTS slots (
     key TEXT NOT NULL,
@@ -29,9 +30,12 @@ CREATE TABLE IF NOT EXISTS webhooks (
     created_at REAL NOT NULL,
     next_at REAL,
     body TEXT,
-    attempts TEXT NOT NULL DEFAULT '[]'
+    attempts TEXT NOT NULL DEFAULT '[]',
+    settled_at REAL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (next_at) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS webhooks_failed ON webhooks (settled_at DESC, msg_id DESC)
+    WHERE status = 'failed';
 CREATE INDEX IF NOT EXISTS webhooks_task ON webhooks (task_id, created_at);
 """
 """Tables added to version 1 without a version bump: only new tables, which code that does not
@@ -62,6 +66,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     usage TEXT,
     metadata TEXT NOT NULL,
     webhook_url TEXT,
+    webhook_progress INTEGER NOT NULL DEFAULT 0,
     expires_at REAL,
     timeout_s REAL,
     deadline_at REAL,
@@ -163,6 +168,7 @@ _JOB_JSON = (
             ("usage", _json_text("usage")),
             ("metadata", _json_text("metadata")),
             ("webhook_url", "webhook_url"),
+            ("webhook_progress", "json(iif(webhook_progress, 'true', 'false'))"),
             ("expires_at", _number("expires_at", nullable=True)),
             ("timeout_s", _number("timeout_s", nullable=True)),
             ("deadline_at", _number("deadline_at", nullable=True)),
@@ -211,12 +217,31 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
             conn.executescript(
                 f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
             )
-        elif not (_has_table(conn, "slots") and _has_table(conn, "webhooks")):
-            # A file made before these existed; IF NOT EXISTS, as another process may race us.
-            conn.executescript(f"BEGIN IMMEDIATE;{ADDED_SINCE_VERSION_1}COMMIT;")
+        else:
+            _upgrade_version_1(conn)
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise BackendError(f"cannot use the SQLite database: {exc}") from exc
+
+
+def _upgrade_version_1(conn: sqlite3.Connection) -> None:
+    """Bring a version 1 file made by an earlier release up to date: new tables (IF NOT
+    EXISTS) and new columns, in one transaction, as another process may be doing the same."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    if "webhook_progress" in columns and _has_table(conn, "slots") and _has_table(conn, "webhooks"):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}  # under the lock
+        if "webhook_progress" not in columns:
+            conn.execute("ALTER TABLE jobs ADD COLUMN webhook_progress INTEGER NOT NULL DEFAULT 0")
+        for statement in ADDED_SINCE_VERSION_1.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def row_to_job(row: tuple[Any, ...]) -> Job:

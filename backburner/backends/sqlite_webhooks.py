@@ -12,17 +12,19 @@ import json
 import sqlite3
 from typing import Any
 
-from ..errors import InvalidTransitionError, JobNotFoundError
-from ..models import Job, WebhookAttempt, WebhookDelivery, WebhookStatus
+from ..errors import InvalidInputError, InvalidTransitionError, JobNotFoundError, LeaseLostError
+from ..models import PROGRESS_EVENT, Job, WebhookAttempt, WebhookDelivery, WebhookStatus
 from .outbox import new_message
 from .sqlite_executor import SQLiteExecutor
+from .sqlite_schema import COLUMNS, row_to_job
 
 _COLUMNS = "msg_id, task_id, event, url, status, created_at, next_at, body, attempts"
 
 
-def write_message(conn: sqlite3.Connection, job: Job, now: float) -> None:
-    """Add the pending message of ``job``, which has just become terminal (if it has a hook)."""
-    message = new_message(job, now)
+def write_message(conn: sqlite3.Connection, job: Job, now: float, event: str | None = None) -> None:
+    """Add the pending message of ``job``, which has just become terminal (if it has a hook);
+    or, with ``event``, that event's message."""
+    message = new_message(job, now, event=event)
     if message is None:
         return
     conn.execute(
@@ -82,12 +84,14 @@ class SQLiteWebhooks:
         body: str,
     ) -> None:
         due = next_at if status is WebhookStatus.PENDING else None
+        settled = None if status is WebhookStatus.PENDING else attempt.at
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "UPDATE webhooks SET status = ?, next_at = ?, body = COALESCE(body, ?),"
-                " attempts = json_insert(attempts, '$[#]', json(?)) WHERE msg_id = ?",
-                (status.value, due, body, attempt.model_dump_json(), msg_id),
+                " attempts = json_insert(attempts, '$[#]', json(?)), settled_at = ?"
+                " WHERE msg_id = ?",
+                (status.value, due, body, attempt.model_dump_json(), settled, msg_id),
             )
 
         await self._executor.run(op)
@@ -109,7 +113,8 @@ class SQLiteWebhooks:
             if conn.execute("SELECT 1 FROM jobs WHERE task_id = ?", (task_id,)).fetchone() is None:
                 raise JobNotFoundError(task_id)
             row = conn.execute(
-                f"UPDATE webhooks SET status = 'pending', next_at = :now WHERE msg_id = ("
+                "UPDATE webhooks SET status = 'pending', next_at = :now, settled_at = NULL"
+                " WHERE msg_id = ("
                 " SELECT msg_id FROM webhooks WHERE task_id = :task_id"
                 " ORDER BY created_at DESC LIMIT 1)"
                 f" RETURNING {_COLUMNS}",
@@ -120,3 +125,69 @@ class SQLiteWebhooks:
             return _delivery(row)
 
         return await self._executor.run(op)
+
+    async def add_progress_webhook(self, task_id: str, fence: int, *, now: float) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                f"SELECT {COLUMNS} FROM jobs WHERE task_id = ? AND fence = ?"
+                " AND status = 'processing'",
+                (task_id, fence),
+            ).fetchone()
+            if row is None:
+                raise LeaseLostError(task_id, fence)
+            job = row_to_job(row)
+            if job.webhook_url is None or not job.webhook_progress:
+                return False
+            waiting = conn.execute(
+                "SELECT 1 FROM webhooks WHERE task_id = ? AND event = ? AND status = 'pending'"
+                " AND body IS NULL",
+                (task_id, PROGRESS_EVENT),
+            ).fetchone()
+            if waiting is not None:
+                return False
+            write_message(conn, job, now, event=PROGRESS_EVENT)
+            return True
+
+        return await self._executor.run(op)
+
+    async def webhook_counts(self) -> dict[str, int]:
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            counts = {status.value: 0 for status in WebhookStatus}
+            for status, n in conn.execute("SELECT status, count(*) FROM webhooks GROUP BY 1"):
+                counts[status] = n
+            return counts
+
+        return await self._executor.run(op, write=False)
+
+    async def failed_webhooks(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[WebhookDelivery], str | None]:
+        after = _parse_failed_cursor(cursor)
+
+        def op(conn: sqlite3.Connection) -> tuple[list[WebhookDelivery], str | None]:
+            where = "status = 'failed'"
+            params: tuple[Any, ...] = ()
+            if after is not None:
+                where += " AND (settled_at < ? OR (settled_at = ? AND msg_id < ?))"
+                params = (after[0], after[0], after[1])
+            rows = conn.execute(
+                f"SELECT {_COLUMNS}, settled_at FROM webhooks WHERE {where}"
+                " ORDER BY settled_at DESC, msg_id DESC LIMIT ?",
+                (*params, limit + 1),
+            ).fetchall()
+            page = [_delivery(r[:-1]) for r in rows[:limit]]
+            more = len(rows) > limit
+            last = rows[limit - 1] if more else None
+            return page, (f"{last[-1]!r}:{last[0]}" if last is not None else None)
+
+        return await self._executor.run(op, write=False)
+
+
+def _parse_failed_cursor(cursor: str | None) -> tuple[float, str] | None:
+    if cursor is None:
+        return None
+    at, _, msg_id = cursor.partition(":")
+    try:
+        return float(at), msg_id
+    except ValueError:
+        raise InvalidInputError(f"not a cursor of this listing: {cursor!r}") from None

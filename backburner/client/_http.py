@@ -79,6 +79,7 @@ def submit_call(
     *,
     priority: int | None,
     webhook_url: str | None,
+    webhook_progress: bool,
     metadata: Mapping[str, Any] | None,
     max_attempts: int | None,
     timeout_s: float | None,
@@ -91,6 +92,7 @@ def submit_call(
         input=dict(input) if input is not None else None,
         priority=priority,
         webhook_url=webhook_url,
+        webhook_progress=webhook_progress or None,
         metadata=dict(metadata) if metadata is not None else None,
         max_attempts=max_attempts,
         timeout_s=timeout_s,
@@ -109,6 +111,7 @@ def generate_call(
     temperature: float | None,
     priority: int | None,
     webhook_url: str | None,
+    webhook_progress: bool,
     metadata: Mapping[str, Any] | None,
     idempotency_key: str | None,
 ) -> Call:
@@ -120,6 +123,7 @@ def generate_call(
         temperature=temperature,
         priority=priority,
         webhook_url=webhook_url,
+        webhook_progress=webhook_progress or None,
         metadata=dict(metadata) if metadata is not None else None,
     )
     return _keyed("/v1/generate", body, idempotency_key)

@@ -116,6 +116,7 @@ class AsyncClient:
         *,
         priority: int | None = None,
         webhook_url: str | None = None,
+        webhook_progress: bool = False,
         metadata: Mapping[str, Any] | None = None,
         max_attempts: int | None = None,
         timeout_s: float | None = None,
@@ -134,6 +135,7 @@ class AsyncClient:
             input,
             priority=priority,
             webhook_url=webhook_url,
+            webhook_progress=webhook_progress,
             metadata=metadata,
             max_attempts=max_attempts,
             timeout_s=timeout_s,
@@ -153,6 +155,7 @@ class AsyncClient:
         temperature: float | None = None,
         priority: int | None = None,
         webhook_url: str | None = None,
+        webhook_progress: bool = False,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Submission:
@@ -165,6 +168,7 @@ class AsyncClient:
             temperature=temperature,
             priority=priority,
             webhook_url=webhook_url,
+            webhook_progress=webhook_progress,
             metadata=metadata,
             idempotency_key=idempotency_key,
         )

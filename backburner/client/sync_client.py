@@ -112,6 +112,7 @@ class Client:
         *,
         priority: int | None = None,
         webhook_url: str | None = None,
+        webhook_progress: bool = False,
         metadata: Mapping[str, Any] | None = None,
         max_attempts: int | None = None,
         timeout_s: float | None = None,
@@ -130,6 +131,7 @@ class Client:
             input,
             priority=priority,
             webhook_url=webhook_url,
+            webhook_progress=webhook_progress,
             metadata=metadata,
             max_attempts=max_attempts,
             timeout_s=timeout_s,
@@ -149,6 +151,7 @@ class Client:
         temperature: float | None = None,
         priority: int | None = None,
         webhook_url: str | None = None,
+        webhook_progress: bool = False,
         metadata: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Submission:
@@ -161,6 +164,7 @@ class Client:
             temperature=temperature,
             priority=priority,
             webhook_url=webhook_url,
+            webhook_progress=webhook_progress,
             metadata=metadata,
             idempotency_key=idempotency_key,
         )

@@ -24,7 +24,14 @@ import httpx
 
 from ..errors import BackburnerError, UnsafeURLError
 from ..hooks import Hooks
-from ..models import Job, JobStatus, WebhookAttempt, WebhookDelivery, WebhookStatus
+from ..models import (
+    PROGRESS_EVENT,
+    Job,
+    JobStatus,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookStatus,
+)
 from ..providers.base import parse_retry_after
 from .signing import sign
 from .ssrf import ParsedTarget, Resolver, check_url, pinned_request_args, resolve_safe
@@ -39,13 +46,20 @@ POLL_S = 0.5
 LONGEST_RETRY_AFTER_S = 86400.0
 USER_AGENT = "backburner-webhooks/1"
 MAX_CLIENTS = 64
+PER_RECEIVER = 8
+"""Connections (and requests in flight) to one receiver at a time."""
 """Receivers (scheme, host, port) whose connections a dispatcher keeps open."""
 
 
 def webhook_body(message: WebhookDelivery, job: Job | None) -> str:
     """The JSON body of a message: what the job's terminal state says."""
     body: dict[str, Any] = {"type": message.event, "task_id": message.task_id}
-    if job is not None:
+    if job is not None and message.event == PROGRESS_EVENT:
+        body["status"] = job.status.value
+        body["progress"] = job.progress.model_dump()
+        body["metadata"] = job.metadata
+        body["created_at"] = job.created_at
+    elif job is not None:
         body["status"] = job.status.value
         if job.status is JobStatus.COMPLETED:
             body["result"] = job.result
@@ -89,7 +103,9 @@ class WebhookDispatcher:
         self.lease_s = 2 * self.timeout_s + 1  # longer than one attempt can take
         self._resolver = resolver
         self._transport = transport
-        self._clients: OrderedDict[tuple[str, str, int], httpx.AsyncClient] = OrderedDict()
+        self._clients: OrderedDict[
+            tuple[str, str, int], tuple[httpx.AsyncClient, asyncio.Semaphore]
+        ] = OrderedDict()
         self._inflight_closes: set[asyncio.Task[None]] = set()
         self._poke = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
@@ -134,33 +150,38 @@ class WebhookDispatcher:
                 await asyncio.wait(self._inflight, timeout=self.timeout_s + 1)
             for task in self._inflight:
                 task.cancel()
-            for client in self._clients.values():
+            for client, _ in self._clients.values():
                 await client.aclose()
             self._clients.clear()
 
-    def _client_for(self, target: ParsedTarget) -> httpx.AsyncClient:
+    def _client_for(self, target: ParsedTarget) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         """One client (and connection pool) per receiver: requests go to a pinned IP, and a pool
         shared by two host names on one IP could carry one's request over a TLS connection
         verified for the other."""
         key = (target.scheme, target.host, target.port)
-        client = self._clients.get(key)
-        if client is not None:
+        known = self._clients.get(key)
+        if known is not None:
             self._clients.move_to_end(key)
-            return client
+            return known
         if len(self._clients) >= MAX_CLIENTS:
-            _, oldest = self._clients.popitem(last=False)
+            _, (oldest, _) = self._clients.popitem(last=False)
             closing = asyncio.create_task(oldest.aclose())
             self._inflight_closes.add(closing)
             closing.add_done_callback(self._inflight_closes.discard)
-        client = self._clients[key] = httpx.AsyncClient(
+        client = httpx.AsyncClient(
             transport=self._transport,
             follow_redirects=False,
             timeout=httpx.Timeout(self.timeout_s),
-            limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=4),
+            # httpcore's pool does work per connection for every request it places: a few
+            # connections per receiver, kept open, and requests queue in _per_receiver instead.
+            limits=httpx.Limits(
+                max_connections=PER_RECEIVER, max_keepalive_connections=PER_RECEIVER
+            ),
             headers={"User-Agent": USER_AGENT, "Content-Type": "application/json"},
             trust_env=False,  # a proxy would connect to the host by name: no pinned address
         )
-        return client
+        pair = self._clients[key] = (client, asyncio.Semaphore(PER_RECEIVER))
+        return pair
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -201,9 +222,11 @@ class WebhookDispatcher:
             ip = await resolve_safe(target, resolver=self._resolver, allow=self.allow)
             url, headers, extensions = pinned_request_args(target, ip)
             headers.update(sign(self.secrets, message.msg_id, int(time.time()), body.encode()))
-            response = await self._client_for(target).post(
-                url, content=body.encode(), headers=headers, extensions=extensions
-            )
+            client, gate = self._client_for(target)
+            async with gate:
+                response = await client.post(
+                    url, content=body.encode(), headers=headers, extensions=extensions
+                )
             status = response.status_code
             retry_after = parse_retry_after(response.headers.get("retry-after"))
             error = None if 200 <= status < 300 else f"HTTP {status}"

@@ -45,7 +45,14 @@ class _FailNowError(Exception):
 async def execute(app: Backburner, attempt: Attempt) -> None:
     """The body of an attempt's asyncio task."""
     job = attempt.job
-    ctx = JobContext(job, app.backend, app.clock, models=app.models, limits=app.model_limits)
+    ctx = JobContext(
+        job,
+        app.backend,
+        app.clock,
+        models=app.models,
+        limits=app.model_limits,
+        on_webhook=app.poke_webhooks,
+    )
     activate(ctx)
     try:
         await app.hooks.start(job)

@@ -58,6 +58,7 @@ JOB_FIELDS = {
     "estimated_remaining_sec",
     "metadata",
     "webhook_url",
+    "webhook_progress",
     "expires_at",
 }
 TERMINAL = {"completed", "failed", "cancelled"}

@@ -385,6 +385,7 @@ async def test_stats_count_jobs_by_status_priority_and_workers(
         assert set(stats) == {
             "counts",
             "queued_by_priority",
+            "webhooks",
             "processing",
             "dead_letter",
             "workers",

@@ -101,6 +101,7 @@ def job_view(status: str = "queued", task_id: str = "task_abc", **extra: Any) ->
         "estimated_remaining_sec": None,
         "metadata": {},
         "webhook_url": None,
+        "webhook_progress": False,
         "expires_at": None,
         "history": [],
         **extra,

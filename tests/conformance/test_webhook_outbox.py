@@ -9,7 +9,7 @@ import pytest
 
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Fail, Release, RetryAt
-from backburner.errors import InvalidTransitionError, JobNotFoundError
+from backburner.errors import InvalidTransitionError, JobNotFoundError, LeaseLostError
 from backburner.models import JobStatus, WebhookAttempt, WebhookStatus
 
 from ._support import LEASE, T0, claim_one, enqueue, error
@@ -181,3 +181,63 @@ async def test_a_status_of_the_job_is_unchanged_by_its_messages(backend: Backend
     stored = await backend.get(task_id)
     assert stored is not None and stored.model_dump() == done.model_dump()
     assert stored.status is JobStatus.COMPLETED
+
+
+async def test_progress_messages_wait_one_at_a_time_for_jobs_that_opted_in(
+    backend: Backend,
+) -> None:
+    job = await enqueue(backend, webhook_url=HOOK, webhook_progress=True)
+    assert job.webhook_progress is True
+    fence = (await claim_one(backend, job.task_id)).fence
+    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 1) is True
+    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 2) is False  # waits
+    (message,) = await backend.claim_webhooks(now=T0 + 3, limit=5, lease_s=LEASE)
+    assert message.event == "task.progress" and message.created_at == T0 + 1
+    # Claimed but not yet attempted: it still waits unsent, and will say the latest progress.
+    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 4) is False
+    sent = WebhookAttempt(at=T0 + 4, status_code=204)
+    await backend.record_webhook_attempt(
+        message.msg_id, sent, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+    )
+    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 5) is True
+    await backend.finish(job.task_id, fence, Complete(result=None), now=T0 + 6)
+    events = [m.event for m in await backend.webhook_deliveries(job.task_id)]
+    assert events == ["task.progress", "task.progress", "task.completed"]
+    # redeliver goes to the latest message: the terminal one
+    assert (await backend.redeliver_webhook(job.task_id, now=T0 + 7)).event == "task.completed"
+
+
+async def test_progress_messages_need_the_opt_in_a_webhook_and_the_lease(
+    backend: Backend,
+) -> None:
+    plain = await enqueue(backend, webhook_url=HOOK)
+    fence = (await claim_one(backend, plain.task_id)).fence
+    assert await backend.add_progress_webhook(plain.task_id, fence, now=T0 + 1) is False
+    opted = await enqueue(backend, webhook_progress=True)  # no webhook_url: nowhere to send
+    fence2 = (await claim_one(backend, opted.task_id)).fence
+    assert await backend.add_progress_webhook(opted.task_id, fence2, now=T0 + 1) is False
+    with pytest.raises(LeaseLostError):
+        await backend.add_progress_webhook(plain.task_id, fence + 1, now=T0 + 2)
+    assert await backend.webhook_deliveries(plain.task_id) == []
+
+
+async def test_counts_and_the_list_of_failed_messages(backend: Backend) -> None:
+    assert await backend.webhook_counts() == {"pending": 0, "delivered": 0, "failed": 0}
+    ids = []
+    for i in range(3):
+        task_id, fence = await running(backend)
+        await backend.finish(task_id, fence, Complete(result=i), now=T0 + i)
+        ids.append(task_id)
+    claimed = await backend.claim_webhooks(now=T0 + 10, limit=3, lease_s=LEASE)
+    by_task = {m.task_id: m for m in claimed}
+    for at, task_id in ((T0 + 20, ids[0]), (T0 + 30, ids[2])):
+        gone = WebhookAttempt(at=at, status_code=410, error="HTTP 410")
+        await backend.record_webhook_attempt(
+            by_task[task_id].msg_id, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
+        )
+    assert await backend.webhook_counts() == {"pending": 1, "delivered": 0, "failed": 2}
+    page, cursor = await backend.failed_webhooks(limit=1)
+    assert [m.task_id for m in page] == [ids[2]] and cursor is not None
+    rest, end = await backend.failed_webhooks(limit=5, cursor=cursor)
+    assert [m.task_id for m in rest] == [ids[0]] and end is None
+    assert rest[0].attempts[-1].status_code == 410

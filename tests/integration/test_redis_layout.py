@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from backburner.backends.base import Complete, Fail
 from backburner.backends.redis import RedisBackend
-from backburner.models import ErrorInfo
+from backburner.models import ErrorInfo, WebhookAttempt, WebhookStatus
 
 from ..conformance._support import T0, claim_one, enqueue
 from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
@@ -157,4 +157,93 @@ async def test_a_webhook_message_is_a_hash_in_the_due_set_that_goes_with_its_job
 
     # The purge takes the messages, their list and their due entries with the job.
     assert await engine.purge_expired(now=T0 + 4 + 600, limit=10) == 1
+    assert [k for k in await keys_of(client, engine.prefix) if ":wh:" in k] == []
+
+
+async def test_progress_messages_wait_without_a_ttl_and_take_the_job_s_at_its_end(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    plain = await enqueue(engine, "other", now=T0 + 1, webhook_url="https://h.example/in")
+    assert await client.hexists(p + "j:" + plain.task_id, "webhook_progress") is False
+    job = await enqueue(
+        engine,
+        "summarize",
+        now=T0,
+        ttl_s=600,
+        webhook_url="https://h.example/in",
+        webhook_progress=True,
+    )
+    j = p + "j:" + job.task_id
+    assert await client.hget(j, "webhook_progress") == b"true"
+    claimed = await claim_one(engine, job.task_id, now=T0)
+    assert await engine.add_progress_webhook(job.task_id, claimed.fence, now=T0 + 1) is True
+    (message,) = await engine.webhook_deliveries(job.task_id)
+    msg_key, list_key = p + "wh:" + message.msg_id, p + "wh:job:" + job.task_id
+    assert await client.hget(j, "_whp") == message.msg_id.encode()  # the one that may wait
+    assert await client.hget(msg_key, "event") == b'"task.progress"'
+    assert await client.zscore(p + "wh:due", message.msg_id) == T0 + 1
+    assert await client.ttl(msg_key) == -1 and await client.ttl(list_key) == -1
+    await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 2)
+    progress, final = await engine.webhook_deliveries(job.task_id)
+    assert progress.msg_id == message.msg_id and final.event == "task.completed"
+    for key in (msg_key, p + "wh:" + final.msg_id, list_key):
+        assert 600 + GRACE - 5 <= await client.ttl(key) <= 600 + GRACE, key
+
+
+async def test_settled_messages_sit_in_a_sorted_set_by_status_and_go_with_their_job(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    delivered, failed = p + "wh:delivered", p + "wh:failed"
+    ids = []
+    for _ in range(4):
+        job = await enqueue(engine, "summarize", now=T0, ttl_s=600, webhook_url="https://h.ex/")
+        claimed = await claim_one(engine, job.task_id, now=T0)
+        await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 1)
+        ids.append(job.task_id)
+    messages = await engine.claim_webhooks(now=T0 + 1, limit=4, lease_s=30)
+    assert len(messages) == 4
+    ok = WebhookAttempt(at=T0 + 5, status_code=204)
+    await engine.record_webhook_attempt(
+        messages[0].msg_id, ok, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+    )
+    gone = WebhookAttempt(at=T0 + 9, status_code=410)  # three failures at the same instant
+    for message in messages[1:]:
+        await engine.record_webhook_attempt(
+            message.msg_id, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
+        )
+    assert await client.zrange(delivered, 0, -1, withscores=True) == [
+        (messages[0].msg_id.encode(), T0 + 5)
+    ]
+    assert await client.zcard(failed) == 3 and await client.zscore(failed, messages[1].msg_id) == (
+        T0 + 9
+    )
+    assert await engine.webhook_counts() == {"pending": 0, "delivered": 1, "failed": 3}
+
+    # Ties page by msg_id, descending, one at a time; a message gone meanwhile is skipped.
+    expected = sorted((m.msg_id for m in messages[1:]), reverse=True)
+    seen, cursor = [], None
+    while True:
+        page, cursor = await engine.failed_webhooks(limit=1, cursor=cursor)
+        seen += [m.msg_id for m in page]
+        if cursor is None:
+            break
+    assert seen == expected
+    await client.delete(p + "wh:" + expected[1])
+    page, cursor = await engine.failed_webhooks(limit=1, cursor=None)
+    assert [m.msg_id for m in page] == [expected[0]] and cursor is not None
+    page, cursor = await engine.failed_webhooks(limit=1, cursor=cursor)
+    assert [m.msg_id for m in page] == [expected[2]] and cursor is None
+
+    # A redelivery makes a message pending again: out of the settled sets.
+    task_of = {m.msg_id: m.task_id for m in messages}
+    await engine.redeliver_webhook(task_of[messages[0].msg_id], now=T0 + 20)
+    await engine.redeliver_webhook(task_of[expected[0]], now=T0 + 20)
+    assert await client.zcard(delivered) == 0
+    assert await client.zscore(failed, expected[0]) is None
+    assert await engine.webhook_counts() == {"pending": 2, "delivered": 0, "failed": 2}
+
+    # The purge takes them out of every set with their jobs.
+    assert await engine.purge_expired(now=T0 + 1 + 600, limit=10) == 4
     assert [k for k in await keys_of(client, engine.prefix) if ":wh:" in k] == []

@@ -11,7 +11,7 @@ import pytest
 
 from ..live_server import live_server
 from .conftest import SECRET
-from .receiver import Receiver
+from .receiver import Answer, Receiver
 
 pytestmark = pytest.mark.timeout(60)
 GENERATE = {"prompt": "hi", "model": "simulated", "max_tokens": 2}
@@ -76,3 +76,33 @@ async def test_private_webhook_urls_are_refused_with_422(url: str, tmp_path: Pat
             assert answer.json()["error"]["type"] == "invalid_input"
             assert "webhook_url" in answer.json()["error"]["message"]
             assert (await client.get("/v1/tasks")).json()["data"] == []
+
+
+async def test_failed_messages_are_listed_and_counted(hooks: Receiver, tmp_path: Path) -> None:
+    hooks.state.plan("/gone", Answer(410), Answer(410))
+    settings = {"webhook_secret": SECRET, "webhook_allow_hosts": "127.0.0.0/8"}
+    with live_server(tmp_path, **settings) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            ids = []
+            for _ in range(2):
+                answer = await client.post(
+                    "/v1/generate", json={**GENERATE, "webhook_url": hooks.url("/gone")}
+                )
+                ids.append(answer.json()["task_id"])
+            await asyncio.to_thread(hooks.state.wait_for, "/gone", 2)
+            deadline = time.monotonic() + 20
+            while True:
+                stats = (await client.get("/v1/stats")).json()
+                if stats["webhooks"].get("failed") == 2 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+            assert stats["webhooks"] == {"pending": 0, "delivered": 0, "failed": 2}
+            first = (await client.get("/v1/webhooks/failed", params={"limit": 1})).json()
+            assert len(first["data"]) == 1 and first["next_cursor"]
+            rest = (
+                await client.get("/v1/webhooks/failed", params={"cursor": first["next_cursor"]})
+            ).json()
+            assert rest["next_cursor"] is None
+            listed = [m["task_id"] for m in first["data"] + rest["data"]]
+            assert sorted(listed) == sorted(ids)
+            assert first["data"][0]["attempts"][0]["status_code"] == 410

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from backburner import Backburner
-from backburner.errors import UnsafeURLError
+from backburner.errors import InvalidInputError, UnsafeURLError
 from backburner.models import WebhookStatus
 from backburner.webhooks import verify
 
@@ -215,3 +215,39 @@ async def test_a_name_resolving_to_a_private_address_is_refused_when_it_connects
     attempt, verdict = await dispatcher.attempt(message, "{}")
     assert attempt.status_code is None and "10.0.0.7" in (attempt.error or "")
     assert verdict.status is WebhookStatus.FAILED
+
+
+async def test_a_job_that_opts_in_also_sends_its_progress(hooks: Receiver, make: Any) -> None:
+    bb = await make()
+    gate = asyncio.Event()
+
+    @bb.task(max_attempts=1)
+    async def steps(ctx: Any) -> str:
+        await ctx.progress(25, "a quarter")
+        await gate.wait()
+        await ctx.progress(75, "three quarters")
+        return "done"
+
+    async with running_worker(bb):
+        job = await bb.enqueue("steps", webhook_url=hooks.url("/progress"), webhook_progress=True)
+        (first,) = await asyncio.to_thread(hooks.state.wait_for, "/progress", 1)
+        gate.set()
+        requests = await asyncio.to_thread(hooks.state.wait_for, "/progress", 3)
+        await delivered(bb, job.task_id)
+    bodies = [json.loads(r.body) for r in requests]
+    assert bodies[0]["type"] == "task.progress"
+    assert bodies[0]["progress"] == {"percent": 25.0, "message": "a quarter"}
+    # Deliveries run side by side: the last two may arrive in either order.
+    later = {b["type"]: b for b in bodies[1:]}
+    assert set(later) == {"task.progress", "task.completed"}
+    # A body is made when it is first sent: the progress of that moment (75, or 100 once done).
+    assert later["task.progress"]["progress"]["percent"] >= 75.0
+    assert later["task.completed"]["result"] == "done"
+    assert len({r.headers["webhook-id"] for r in requests}) == 3
+    assert first.headers["webhook-id"] == requests[0].headers["webhook-id"]
+
+
+async def test_progress_webhooks_need_a_webhook_url(make: Any) -> None:
+    bb = await make()
+    with pytest.raises(InvalidInputError, match="webhook_progress needs a webhook_url"):
+        await bb.enqueue("echo", webhook_progress=True)

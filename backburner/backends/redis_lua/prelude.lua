@@ -100,9 +100,12 @@ end
 
 -- The webhook outbox. A message is a hash whk(msg) whose fields hold JSON text, like a job's
 -- (task_id, event, url, status, created_at, next_at while pending, body once sent, attempts:
--- a JSON array); WH_DUE holds pending msg ids by next_at; whjob(id) lists a job's msg ids,
--- oldest first. Messages live and die with their job.
+-- a JSON array); WH_DUE holds pending msg ids by next_at, WH_DELIVERED and WH_FAILED settled
+-- ones by the time of their last attempt; whjob(id) lists a job's msg ids, oldest first.
+-- Messages live and die with their job.
 local WH_DUE = P .. 'wh:due'
+local WH_DELIVERED = P .. 'wh:delivered'
+local WH_FAILED = P .. 'wh:failed'
 local function whk(msg) return P .. 'wh:' .. msg end
 local function whjob(id) return P .. 'wh:job:' .. id end
 
@@ -130,18 +133,27 @@ local function forget_webhooks(id)
   for _, msg in ipairs(redis.call('LRANGE', list, 0, -1)) do
     redis.call('DEL', whk(msg))
     redis.call('ZREM', WH_DUE, msg)
+    redis.call('ZREM', WH_DELIVERED, msg)
+    redis.call('ZREM', WH_FAILED, msg)
   end
   redis.call('DEL', list)
 end
 
--- In the step that makes a job terminal: a pending message, due now, when the job has a
--- webhook_url (url: its JSON text). msg and event come from the caller.
-local function write_webhook(id, url, msg, event, now, ttl)
-  if not url or msg == '' or event == '' then return end
+-- A new pending message of job id, due now (url: the job's webhook_url as JSON text), last in
+-- the job's list. It gets no TTL: the job's terminal transition gives it the job's.
+local function add_webhook(id, url, msg, event, now)
   redis.call('HSET', whk(msg), 'task_id', cjson.encode(id), 'event', cjson.encode(event),
     'url', url, 'status', '"pending"', 'created_at', now, 'next_at', now, 'attempts', '[]')
   redis.call('ZADD', WH_DUE, now, msg)
   redis.call('RPUSH', whjob(id), msg)
+end
+
+-- In the step that makes a job terminal: a pending message, due now, when the job has a
+-- webhook_url (msg and event come from the caller); then all the job's messages (its
+-- task.progress ones too) take the job's TTL. A job without a webhook_url has none.
+local function write_webhook(id, url, msg, event, now, ttl)
+  if not url then return end
+  if msg ~= '' and event ~= '' then add_webhook(id, url, msg, event, now) end
   expire_webhooks(id, ttl)
 end
 

@@ -1,5 +1,6 @@
--- ARGV: P, msg_id, attempt JSON, status JSON text, next_at|'', body JSON text
--- A message deleted meanwhile (with its job) is ignored. The first attempt fixes the body.
+-- ARGV: P, msg_id, attempt JSON, status JSON text, next_at|'', body JSON text, attempt's at
+-- A message deleted meanwhile (with its job) is ignored. The first attempt fixes the body. A
+-- settled message goes into WH_DELIVERED or WH_FAILED, scored by the attempt's time.
 local msg, status = ARGV[2], ARGV[4]
 local m = whk(msg)
 local f = redis.call('HMGET', m, 'attempts', 'body')
@@ -11,8 +12,17 @@ if not f[2] then redis.call('HSET', m, 'body', ARGV[6]) end
 if status == '"pending"' then
   redis.call('HSET', m, 'next_at', ARGV[5])
   redis.call('ZADD', WH_DUE, ARGV[5], msg)
+  redis.call('ZREM', WH_DELIVERED, msg)
+  redis.call('ZREM', WH_FAILED, msg)
 else
   redis.call('HDEL', m, 'next_at')
   redis.call('ZREM', WH_DUE, msg)
+  if status == '"delivered"' then
+    redis.call('ZADD', WH_DELIVERED, ARGV[7], msg)
+    redis.call('ZREM', WH_FAILED, msg)
+  else
+    redis.call('ZADD', WH_FAILED, ARGV[7], msg)
+    redis.call('ZREM', WH_DELIVERED, msg)
+  end
 end
 return 1

@@ -5,4 +5,6 @@ local msg = redis.call('LINDEX', whjob(id), -1)
 if not msg or redis.call('EXISTS', whk(msg)) == 0 then return {'none'} end
 redis.call('HSET', whk(msg), 'status', '"pending"', 'next_at', now)
 redis.call('ZADD', WH_DUE, now, msg)
+redis.call('ZREM', WH_DELIVERED, msg)
+redis.call('ZREM', WH_FAILED, msg)
 return {'ok', read_webhook(msg)}
