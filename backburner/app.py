@@ -280,6 +280,9 @@ class Backburner:
             raise InvalidInputError("webhook_progress must be true or false")
         if webhook_progress and webhook_url is None:
             raise InvalidInputError("webhook_progress needs a webhook_url")
+        if webhook_url is not None:
+            # The job (and with it its webhook messages) stays until the last retry is due.
+            ttl_s = max(ttl_s, self.settings.webhook_retention_s())
         now = self.clock.now()
         due = now
         if delay is not None and run_at is not None:

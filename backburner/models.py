@@ -173,3 +173,7 @@ class WebhookDelivery(BaseModel):
     body: str | None = None
     """The exact body sent, fixed by the first attempt."""
     attempts: list[WebhookAttempt] = Field(default_factory=list)
+    claim: int = 0
+    """Grows with every claim (and redelivery): an attempt is recorded only under its claim."""
+    tries: int = 0
+    """Attempts since the message became pending (by creation or redelivery)."""

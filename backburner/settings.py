@@ -112,6 +112,10 @@ class Settings:
         if self.max_queue_size is not None and self.max_queue_size <= 0:
             raise ConfigurationError("max_queue_size must be > 0 (or unset for no bound)")
         self.retry_schedule()  # fails loudly on a bad schedule
+        if self.webhook_secret is not None:
+            from .webhooks.signing import check_secrets
+
+            check_secrets(self.webhook_secret.split())
         if self.default_timeout_s is not None and self.default_timeout_s <= 0:
             raise ConfigurationError("default_timeout_s must be > 0 (or unset for none)")
 
@@ -122,12 +126,17 @@ class Settings:
             delays = tuple(float(part) for part in self.webhook_retry_schedule.split(","))
         except ValueError:
             delays = ()
-        if not delays or any(not 0 <= d < float("inf") for d in delays):
+        if not delays or delays[0] != 0 or any(not 0 <= d < float("inf") for d in delays):
             raise ConfigurationError(
-                "webhook_retry_schedule must be comma-separated seconds >= 0, got "
-                f"{self.webhook_retry_schedule!r}"
+                "webhook_retry_schedule must be comma-separated seconds >= 0 starting with 0"
+                f" (the first attempt goes at once), got {self.webhook_retry_schedule!r}"
             )
         return delays
+
+    def webhook_retention_s(self) -> float:
+        """How long a job with a webhook must stay for its last retry: the schedule (with
+        its most jitter, 10%) and an hour to spare."""
+        return sum(self.retry_schedule()) * 1.1 + 3600.0
 
     def allowed_webhook_hosts(self) -> tuple[str, ...]:
         return tuple(h.strip() for h in self.webhook_allow_hosts.split(",") if h.strip())

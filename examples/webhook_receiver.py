@@ -1,7 +1,8 @@
 """A webhook receiver that verifies backburner's signatures and prints each event.
 
 BACKBURNER_WEBHOOK_SECRET=whsec_... python examples/webhook_receiver.py 9000
-(then submit jobs with "webhook_url": "https://your-host:9000/hooks")
+(it listens on 127.0.0.1 over plain http: put it behind your TLS proxy, and submit jobs with
+"webhook_url": "https://your-host/hooks")
 
 It answers 204 to a message it accepts and 400 to one whose signature or timestamp is wrong.
 A message id seen before is acknowledged again without being handled twice (retries and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from backburner.errors import WebhookVerificationError
@@ -20,6 +22,7 @@ from backburner.webhooks import verify
 
 SECRET = os.environ.get("BACKBURNER_WEBHOOK_SECRET", "")
 seen: set[str] = set()
+seen_lock = threading.Lock()  # requests are served on threads, and a retry may overlap
 
 
 class Hooks(BaseHTTPRequestHandler):
@@ -33,8 +36,10 @@ class Hooks(BaseHTTPRequestHandler):
             self.end_headers()
             return
         msg_id = self.headers["webhook-id"]
-        if msg_id not in seen:
+        with seen_lock:
+            new = msg_id not in seen
             seen.add(msg_id)
+        if new:
             event = json.loads(body)
             print(f"{event['type']} {event['task_id']}: {json.dumps(event)}", flush=True)
         self.send_response(204)

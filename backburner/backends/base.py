@@ -355,21 +355,24 @@ class Backend(Protocol):
     ) -> list[WebhookDelivery]:
         """Up to ``limit`` pending messages due by ``now`` (oldest due first), each leased:
         its next_at moves to now+lease_s, so no other dispatcher takes it meanwhile and a
-        dispatcher that dies leaves it due again. Atomic."""
+        dispatcher that dies leaves it due again; its ``claim`` grows by one. Atomic."""
         ...
 
     async def record_webhook_attempt(
         self,
         msg_id: str,
+        claim: int,
         attempt: WebhookAttempt,
         *,
         status: WebhookStatus,
         next_at: float | None,
         body: str,
-    ) -> None:
-        """Append ``attempt`` to the message's log and set its status (pending: due again at
-        ``next_at``). The first attempt fixes ``body``; later ones keep it. A message deleted
-        meanwhile (with its job) is ignored."""
+    ) -> bool:
+        """Append ``attempt`` to the log and set the status (pending: due again at
+        ``next_at``), if the message is still pending under ``claim`` (the number its
+        claim_webhooks handed out); else change nothing and return False (a dispatcher whose
+        lease ended, or a redelivery, got there first, or the message is gone). Counts the
+        try; the first attempt fixes ``body``."""
         ...
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
@@ -379,7 +382,8 @@ class Backend(Protocol):
 
     async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
         """Make the job's latest message pending again, due now (same msg_id and body; the
-        log is kept). JobNotFoundError if no such job; InvalidTransitionError if it has no
+        log is kept; ``claim`` grows, so an attempt in flight is not recorded; ``tries``
+        starts again). JobNotFoundError if no such job; InvalidTransitionError if it has no
         message yet (no webhook_url, or not terminal and no progress message)."""
         ...
 

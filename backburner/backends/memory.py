@@ -449,13 +449,16 @@ class MemoryBackend:
     async def record_webhook_attempt(
         self,
         msg_id: str,
+        claim: int,
         attempt: WebhookAttempt,
         *,
         status: WebhookStatus,
         next_at: float | None,
         body: str,
-    ) -> None:
-        self._outbox.record(msg_id, attempt, status=status, next_at=next_at, body=body)
+    ) -> bool:
+        return self._outbox.record(
+            msg_id, claim, attempt, status=status, next_at=next_at, body=body
+        )
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
         if task_id not in self._jobs:

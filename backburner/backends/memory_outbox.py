@@ -67,7 +67,9 @@ class MemoryOutbox:
         due.sort(key=lambda m: (m.next_at or 0.0, m.created_at))
         claimed = []
         for message in due[:limit]:
-            leased = message.model_copy(update={"next_at": now + lease_s})
+            leased = message.model_copy(
+                update={"next_at": now + lease_s, "claim": message.claim + 1}
+            )
             self._messages[message.msg_id] = leased
             claimed.append(leased)
         return claimed
@@ -75,23 +77,28 @@ class MemoryOutbox:
     def record(
         self,
         msg_id: str,
+        claim: int,
         attempt: WebhookAttempt,
         *,
         status: WebhookStatus,
         next_at: float | None,
         body: str,
-    ) -> None:
+    ) -> bool:
         message = self._messages.get(msg_id)
-        if message is None:
-            return
+        if message is None or message.status is not WebhookStatus.PENDING:
+            return False
+        if message.claim != claim:
+            return False
         self._messages[msg_id] = message.model_copy(
             update={
                 "status": status,
                 "next_at": next_at if status is WebhookStatus.PENDING else None,
                 "body": message.body if message.body is not None else body,
                 "attempts": [*message.attempts, attempt],
+                "tries": message.tries + 1,
             }
         )
+        return True
 
     def of_task(self, task_id: str) -> list[WebhookDelivery]:
         return [self._messages[m] for m in self._by_task.get(task_id, [])]
@@ -100,8 +107,14 @@ class MemoryOutbox:
         ids = self._by_task.get(task_id)
         if not ids:
             raise InvalidTransitionError(f"job {task_id} has no webhook message to redeliver")
-        message = self._messages[ids[-1]].model_copy(
-            update={"status": WebhookStatus.PENDING, "next_at": now}
+        latest = self._messages[ids[-1]]
+        message = latest.model_copy(
+            update={
+                "status": WebhookStatus.PENDING,
+                "next_at": now,
+                "claim": latest.claim + 1,
+                "tries": 0,
+            }
         )
         self._messages[message.msg_id] = message
         return message

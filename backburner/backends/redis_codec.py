@@ -5,9 +5,12 @@ A job is two keys. ``s:<id>`` holds what never changes as JSON object members (i
 (Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
 the backend's own bookkeeping. ``webhook_url`` and ``webhook_progress`` never change but are
 hash fields all the same: the scripts that write webhook messages read them (the terminal
-transition, ``add_progress_webhook``); a job without them reads as None and false. The script
-that reads a job joins both into one JSON document (``read_job`` in ``redis_lua/prelude.lua``),
-which pydantic-core parses in one call: the worker process, the busier side, only parses.
+transition, ``add_progress_webhook``); a job without them reads as None and false. Jobs
+enqueued by the previous release keep ``webhook_url`` only in the spec; the terminal
+transitions fall back to it there (``spec_webhook_url`` in ``redis_lua/prelude.lua``). The
+script that reads a job joins both keys into one JSON document (``read_job`` in
+``redis_lua/prelude.lua``), which pydantic-core parses in one call: the worker process, the
+busier side, only parses.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ def decode_jobs(documents: list[Any]) -> list[Job]:
 
 def decode_webhooks(documents: list[Any]) -> list[WebhookDelivery]:
     """Webhook messages from a script's JSON documents (``read_webhook`` in
-    redis_lua/prelude.lua: the message hash's fields hold JSON text, like a job's)."""
+    redis_lua/prelude.lua: the message hash's fields hold JSON text, like a job's; one
+    written before ``claim`` and ``tries`` existed lacks them, and reads them as 0)."""
     return [WebhookDelivery.model_validate_json(document) for document in documents if document]
 
 

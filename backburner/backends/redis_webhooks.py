@@ -5,7 +5,9 @@ The terminal transitions (``finish.lua``, ``cancel.lua``) write a job's messages
 redeliver and count them, each in one script. A message is a hash ``wh:<msg_id>`` whose fields
 hold JSON text like a job's, ``wh:due`` holds pending msg ids by next_at, ``wh:delivered`` and
 ``wh:failed`` settled ones by the time of their last attempt, and ``wh:job:<task_id>`` lists a
-job's msg ids, oldest first (docs/redis.md, "Keys").
+job's msg ids, oldest first (docs/redis.md, "Keys"). A message's ``claim`` grows with every
+claim and redelivery, and ``record_webhook_attempt`` applies only under the current one, so a
+dispatcher whose lease ended cannot log over the one that took the message next.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ WEBHOOK_SCRIPTS = (
 WEBHOOK_SAFE_TO_REPEAT = frozenset(
     {"read_webhooks", "redeliver_webhook", "webhook_counts", "failed_webhooks"}
 )
-"""Reads, and a redelivery (sent twice, it leaves the message as once)."""
+"""Reads, and a redelivery: sent twice, it leaves the message as once but for one more claim
+number, which at most fences out an attempt begun in between (the message is then sent again,
+as at-least-once delivery allows)."""
 
 _FAILED_CURSOR = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?(?:e[-+][0-9]+)?):(.+)", re.DOTALL)
 """A page of failed messages ends at ``<time of its last failure>:<msg_id>``."""
@@ -97,24 +101,27 @@ class RedisWebhookOutbox:
     async def record_webhook_attempt(
         self,
         msg_id: str,
+        claim: int,
         attempt: WebhookAttempt,
         *,
         status: WebhookStatus,
         next_at: float | None,
         body: str,
-    ) -> None:
+    ) -> bool:
         status = WebhookStatus(status)
         if status is WebhookStatus.PENDING and next_at is None:
             raise InvalidInputError("a pending webhook message needs next_at")
-        await self._run(
+        applied = await self._run(
             "record_webhook_attempt",
             msg_id,
+            int(claim),
             attempt.model_dump_json(),
             json.dumps(status.value),
             "" if next_at is None else number(next_at),
             json.dumps(body),
             number(attempt.at),
         )
+        return bool(applied)
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
         reply = await self._run("read_webhooks", task_id)

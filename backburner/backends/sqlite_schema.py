@@ -31,8 +31,10 @@ CREATE TABLE IF NOT EXISTS webhooks (
     next_at REAL,
     body TEXT,
     attempts TEXT NOT NULL DEFAULT '[]',
-    settled_at REAL
-) WITHOUT ROWID;
+    settled_at REAL,
+    claim INTEGER NOT NULL DEFAULT 0,
+    tries INTEGER NOT NULL DEFAULT 0
+);
 CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (next_at) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS webhooks_failed ON webhooks (settled_at DESC, msg_id DESC)
     WHERE status = 'failed';

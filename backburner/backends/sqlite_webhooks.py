@@ -18,7 +18,7 @@ from .outbox import new_message
 from .sqlite_executor import SQLiteExecutor
 from .sqlite_schema import COLUMNS, row_to_job
 
-_COLUMNS = "msg_id, task_id, event, url, status, created_at, next_at, body, attempts"
+_COLUMNS = "msg_id, task_id, event, url, status, created_at, next_at, body, attempts, claim, tries"
 
 
 def write_message(conn: sqlite3.Connection, job: Job, now: float, event: str | None = None) -> None:
@@ -28,7 +28,8 @@ def write_message(conn: sqlite3.Connection, job: Job, now: float, event: str | N
     if message is None:
         return
     conn.execute(
-        f"INSERT INTO webhooks ({_COLUMNS}) VALUES (?, ?, ?, ?, 'pending', ?, ?, NULL, '[]')",
+        "INSERT INTO webhooks (msg_id, task_id, event, url, status, created_at, next_at)"
+        " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
         (message.msg_id, job.task_id, message.event, message.url, now, now),
     )
 
@@ -39,7 +40,7 @@ def delete_messages(conn: sqlite3.Connection, task_ids: list[tuple[str]]) -> Non
 
 
 def _delivery(row: tuple[Any, ...]) -> WebhookDelivery:
-    msg_id, task_id, event, url, status, created_at, next_at, body, attempts = row
+    msg_id, task_id, event, url, status, created_at, next_at, body, attempts, claim, tries = row
     return WebhookDelivery(
         msg_id=msg_id,
         task_id=task_id,
@@ -50,6 +51,8 @@ def _delivery(row: tuple[Any, ...]) -> WebhookDelivery:
         next_at=next_at,
         body=body,
         attempts=[WebhookAttempt.model_validate(a) for a in json.loads(attempts)],
+        claim=claim,
+        tries=tries,
     )
 
 
@@ -63,7 +66,7 @@ class SQLiteWebhooks:
     ) -> list[WebhookDelivery]:
         def op(conn: sqlite3.Connection) -> list[WebhookDelivery]:
             rows = conn.execute(
-                f"UPDATE webhooks SET next_at = :lease WHERE msg_id IN ("
+                "UPDATE webhooks SET next_at = :lease, claim = claim + 1 WHERE msg_id IN ("
                 " SELECT msg_id FROM webhooks WHERE status = 'pending' AND next_at <= :now"
                 " ORDER BY next_at, created_at LIMIT :limit)"
                 f" RETURNING {_COLUMNS}",
@@ -77,31 +80,33 @@ class SQLiteWebhooks:
     async def record_webhook_attempt(
         self,
         msg_id: str,
+        claim: int,
         attempt: WebhookAttempt,
         *,
         status: WebhookStatus,
         next_at: float | None,
         body: str,
-    ) -> None:
+    ) -> bool:
         due = next_at if status is WebhookStatus.PENDING else None
         settled = None if status is WebhookStatus.PENDING else attempt.at
 
-        def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
+        def op(conn: sqlite3.Connection) -> bool:
+            done = conn.execute(
                 "UPDATE webhooks SET status = ?, next_at = ?, body = COALESCE(body, ?),"
-                " attempts = json_insert(attempts, '$[#]', json(?)), settled_at = ?"
-                " WHERE msg_id = ?",
-                (status.value, due, body, attempt.model_dump_json(), settled, msg_id),
+                " attempts = json_insert(attempts, '$[#]', json(?)), settled_at = ?,"
+                " tries = tries + 1 WHERE msg_id = ? AND status = 'pending' AND claim = ?",
+                (status.value, due, body, attempt.model_dump_json(), settled, msg_id, claim),
             )
+            return done.rowcount == 1
 
-        await self._executor.run(op)
+        return await self._executor.run(op)
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
         def op(conn: sqlite3.Connection) -> list[WebhookDelivery]:
             if conn.execute("SELECT 1 FROM jobs WHERE task_id = ?", (task_id,)).fetchone() is None:
                 raise JobNotFoundError(task_id)
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhooks WHERE task_id = ? ORDER BY created_at, msg_id",
+                f"SELECT {_COLUMNS} FROM webhooks WHERE task_id = ? ORDER BY rowid",
                 (task_id,),
             ).fetchall()
             return [_delivery(r) for r in rows]
@@ -113,10 +118,10 @@ class SQLiteWebhooks:
             if conn.execute("SELECT 1 FROM jobs WHERE task_id = ?", (task_id,)).fetchone() is None:
                 raise JobNotFoundError(task_id)
             row = conn.execute(
-                "UPDATE webhooks SET status = 'pending', next_at = :now, settled_at = NULL"
-                " WHERE msg_id = ("
+                "UPDATE webhooks SET status = 'pending', next_at = :now, settled_at = NULL,"
+                " claim = claim + 1, tries = 0 WHERE msg_id = ("
                 " SELECT msg_id FROM webhooks WHERE task_id = :task_id"
-                " ORDER BY created_at DESC LIMIT 1)"
+                " ORDER BY rowid DESC LIMIT 1)"
                 f" RETURNING {_COLUMNS}",
                 {"now": now, "task_id": task_id},
             ).fetchone()

@@ -10,22 +10,22 @@ are found by polling every ``POLL_S``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
-import socket
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..errors import BackburnerError, UnsafeURLError
+from ..errors import UnsafeURLError
 from ..hooks import Hooks
 from ..models import (
     PROGRESS_EVENT,
+    WEBHOOK_EVENTS,
     Job,
     JobStatus,
     WebhookAttempt,
@@ -33,8 +33,9 @@ from ..models import (
     WebhookStatus,
 )
 from ..providers.base import parse_retry_after
+from .receivers import ReceiverBusyError, ReceiverPool
 from .signing import sign
-from .ssrf import ParsedTarget, Resolver, check_url, pinned_request_args, resolve_safe
+from .ssrf import Resolver, check_url, pinned_request_args, resolve_safe
 
 if TYPE_CHECKING:
     from ..app import Backburner
@@ -44,33 +45,32 @@ log = logging.getLogger("backburner.webhooks")
 POLL_S = 0.5
 """How often the outbox is looked at when nothing pokes the dispatcher."""
 LONGEST_RETRY_AFTER_S = 86400.0
-USER_AGENT = "backburner-webhooks/1"
-MAX_CLIENTS = 64
-PER_RECEIVER = 8
-"""Connections (and requests in flight) to one receiver at a time."""
-"""Receivers (scheme, host, port) whose connections a dispatcher keeps open."""
+MAX_RESPONSE_BYTES = 64 * 1024
+"""How much of a receiver's answer is read (the rest is dropped with the connection)."""
+LEASE_MARGIN_S = 5.0
 
 
 def webhook_body(message: WebhookDelivery, job: Job | None) -> str:
-    """The JSON body of a message: what the job's terminal state says."""
+    """The JSON body of a message: what the job's state says about its event."""
     body: dict[str, Any] = {"type": message.event, "task_id": message.task_id}
-    if job is not None and message.event == PROGRESS_EVENT:
-        body["status"] = job.status.value
-        body["progress"] = job.progress.model_dump()
-        body["metadata"] = job.metadata
-        body["created_at"] = job.created_at
-    elif job is not None:
-        body["status"] = job.status.value
-        if job.status is JobStatus.COMPLETED:
-            body["result"] = job.result
-        elif job.error is not None:
-            body["error"] = job.error.model_dump()
-        body["usage"] = job.usage.model_dump() if job.usage is not None else None
-        body["metadata"] = job.metadata
-        body["created_at"] = job.created_at
-        body["finished_at"] = job.finished_at
-    else:  # expired before its first attempt (its TTL was shorter than the outbox's delay)
+    terminal = message.event != PROGRESS_EVENT
+    if job is None or (terminal and WEBHOOK_EVENTS.get(job.status) != message.event):
+        # Deleted, or replayed since (a failed job queued again): the event alone.
         body["status"] = message.event.removeprefix("task.")
+        return json.dumps(body, separators=(",", ":"))
+    body["status"] = job.status.value
+    if not terminal:
+        body["progress"] = job.progress.model_dump()
+    elif job.status is JobStatus.COMPLETED:
+        body["result"] = job.result
+    elif job.error is not None:
+        body["error"] = job.error.model_dump()
+    if terminal:
+        body["usage"] = job.usage.model_dump() if job.usage is not None else None
+    body["metadata"] = job.metadata
+    body["created_at"] = job.created_at
+    if terminal:
+        body["finished_at"] = job.finished_at
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -100,13 +100,11 @@ class WebhookDispatcher:
         self.allow = settings.allowed_webhook_hosts()
         self.timeout_s = settings.webhook_timeout_s
         self.concurrency = settings.webhook_concurrency
-        self.lease_s = 2 * self.timeout_s + 1  # longer than one attempt can take
+        # An attempt waits at most timeout_s for a connection, then takes at most timeout_s
+        # (lookup, request, response): its lease outlasts both, so no one else sends it.
+        self.lease_s = 2 * self.timeout_s + LEASE_MARGIN_S
         self._resolver = resolver
-        self._transport = transport
-        self._clients: OrderedDict[
-            tuple[str, str, int], tuple[httpx.AsyncClient, asyncio.Semaphore]
-        ] = OrderedDict()
-        self._inflight_closes: set[asyncio.Task[None]] = set()
+        self._receivers = ReceiverPool(timeout_s=self.timeout_s, transport=transport)
         self._poke = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
 
@@ -129,9 +127,10 @@ class WebhookDispatcher:
                         messages = await backend.claim_webhooks(
                             now=self.app.clock.now(), limit=free, lease_s=self.lease_s
                         )
-                    except BackburnerError as exc:
-                        log.warning("webhook outbox: cannot claim (%s)", exc)
-                        messages = []
+                    except Exception as exc:  # the loop must outlive any one failure
+                        log.warning("webhook outbox: cannot claim (%r); trying again", exc)
+                        await _pause(stopping, POLL_S)
+                        continue
                     for message in messages:
                         task = asyncio.create_task(self._deliver(message))
                         self._inflight.add(task)
@@ -147,41 +146,11 @@ class WebhookDispatcher:
                         w.cancel()
         finally:
             if self._inflight:
-                await asyncio.wait(self._inflight, timeout=self.timeout_s + 1)
+                await asyncio.wait(self._inflight, timeout=self.lease_s)
             for task in self._inflight:
-                task.cancel()
-            for client, _ in self._clients.values():
-                await client.aclose()
-            self._clients.clear()
-
-    def _client_for(self, target: ParsedTarget) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
-        """One client (and connection pool) per receiver: requests go to a pinned IP, and a pool
-        shared by two host names on one IP could carry one's request over a TLS connection
-        verified for the other."""
-        key = (target.scheme, target.host, target.port)
-        known = self._clients.get(key)
-        if known is not None:
-            self._clients.move_to_end(key)
-            return known
-        if len(self._clients) >= MAX_CLIENTS:
-            _, (oldest, _) = self._clients.popitem(last=False)
-            closing = asyncio.create_task(oldest.aclose())
-            self._inflight_closes.add(closing)
-            closing.add_done_callback(self._inflight_closes.discard)
-        client = httpx.AsyncClient(
-            transport=self._transport,
-            follow_redirects=False,
-            timeout=httpx.Timeout(self.timeout_s),
-            # httpcore's pool does work per connection for every request it places: a few
-            # connections per receiver, kept open, and requests queue in _per_receiver instead.
-            limits=httpx.Limits(
-                max_connections=PER_RECEIVER, max_keepalive_connections=PER_RECEIVER
-            ),
-            headers={"User-Agent": USER_AGENT, "Content-Type": "application/json"},
-            trust_env=False,  # a proxy would connect to the host by name: no pinned address
-        )
-        pair = self._clients[key] = (client, asyncio.Semaphore(PER_RECEIVER))
-        return pair
+                task.cancel()  # their leases end, and another worker sends them
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+            await self._receivers.aclose()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -195,11 +164,19 @@ class WebhookDispatcher:
         body = message.body
         if body is None:
             body = webhook_body(message, await backend.get(message.task_id))
-        attempt, verdict = await self.attempt(message, body)
-        await backend.record_webhook_attempt(
-            message.msg_id, attempt, status=verdict.status, next_at=verdict.next_at, body=body
+        result = await self.attempt(message, body)
+        if result is None:
+            return  # the receiver was busy throughout: due again when the lease ends
+        attempt, verdict = result
+        recorded = await backend.record_webhook_attempt(
+            message.msg_id,
+            message.claim,
+            attempt,
+            status=verdict.status,
+            next_at=verdict.next_at,
+            body=body,
         )
-        if verdict.status is WebhookStatus.FAILED:
+        if recorded and verdict.status is WebhookStatus.FAILED:
             log.warning(
                 "webhook %s of job %s to %s failed for good: %s",
                 message.msg_id,
@@ -208,36 +185,49 @@ class WebhookDispatcher:
                 verdict.error,
             )
 
-    async def attempt(self, message: WebhookDelivery, body: str) -> tuple[WebhookAttempt, Verdict]:
-        """One POST of ``body``; what happened, and what it means for the message."""
-        clock = self.app.clock
-        at = clock.now()
+    async def attempt(
+        self, message: WebhookDelivery, body: str
+    ) -> tuple[WebhookAttempt, Verdict] | None:
+        """One POST of ``body``: what happened and what it means for the message; None if
+        the receiver's connections stayed busy (no attempt was made)."""
+        at = self.app.clock.now()
         started = time.monotonic()
         status: int | None = None
         retry_after: float | None = None
+        unsafe = False
         try:
             if not self.secrets:
                 raise _NotSentError("no webhook secret is configured (BACKBURNER_WEBHOOK_SECRET)")
             target = check_url(message.url, allow=self.allow)
-            ip = await resolve_safe(target, resolver=self._resolver, allow=self.allow)
-            url, headers, extensions = pinned_request_args(target, ip)
-            headers.update(sign(self.secrets, message.msg_id, int(time.time()), body.encode()))
-            client, gate = self._client_for(target)
-            async with gate:
-                response = await client.post(
-                    url, content=body.encode(), headers=headers, extensions=extensions
-                )
-            status = response.status_code
-            retry_after = parse_retry_after(response.headers.get("retry-after"))
+            async with self._receivers.connection(target, wait_s=self.timeout_s) as client:
+                started = time.monotonic()
+                at = self.app.clock.now()
+                async with asyncio.timeout(self.timeout_s):  # the whole attempt, not per read
+                    ip = await resolve_safe(target, resolver=self._resolver, allow=self.allow)
+                    url, headers, extensions = pinned_request_args(target, ip)
+                    signed = sign(self.secrets, message.msg_id, int(time.time()), body.encode())
+                    headers.update(signed)
+                    request = client.build_request(
+                        "POST", url, content=body.encode(), headers=headers, extensions=extensions
+                    )
+                    response = await client.send(request, stream=True)
+                    try:
+                        status = response.status_code
+                        retry_after = parse_retry_after(response.headers.get("retry-after"))
+                        await _discard(response)
+                    finally:
+                        await response.aclose()
             error = None if 200 <= status < 300 else f"HTTP {status}"
+        except ReceiverBusyError:
+            return None
         except UnsafeURLError as exc:
-            error = f"refused: {exc}"
-            status = None
-        except (_NotSentError, httpx.HTTPError, socket.gaierror, OSError) as exc:
+            error, unsafe = f"refused: {exc}", True
+        except TimeoutError:
+            error = f"timed out after {self.timeout_s:g} s"
+        except Exception as exc:  # any failure is a failed attempt, logged and retried
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         latency_ms = round((time.monotonic() - started) * 1000, 2)
         attempt = WebhookAttempt(at=at, status_code=status, latency_ms=latency_ms, error=error)
-        unsafe = error is not None and error.startswith("refused:")
         return attempt, self.verdict(message, attempt, retry_after, unsafe=unsafe)
 
     def verdict(
@@ -255,7 +245,7 @@ class WebhookDispatcher:
             return Verdict(WebhookStatus.DELIVERED, None, None)
         if code == 410 or unsafe:
             return Verdict(WebhookStatus.FAILED, None, attempt.error)
-        done = len(message.attempts) + 1  # this one included
+        done = message.tries + 1  # this one included
         if done >= len(self.schedule):
             return Verdict(WebhookStatus.FAILED, None, f"{attempt.error} (after {done} attempts)")
         if code in (429, 503) and retry_after is not None:
@@ -286,3 +276,17 @@ class _PokeOnEnd(Hooks):
     async def on_cancel(self, job: Job) -> None:
         if job.webhook_url is not None:
             self._dispatcher.poke()
+
+
+async def _discard(response: httpx.Response) -> None:
+    """Read at most MAX_RESPONSE_BYTES of a receiver's answer, and drop it."""
+    read = 0
+    async for chunk in response.aiter_raw():
+        read += len(chunk)
+        if read >= MAX_RESPONSE_BYTES:
+            break
+
+
+async def _pause(stopping: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)

@@ -125,6 +125,11 @@ def _encode(digest: bytes) -> str:
     return _VERSION + "," + base64.b64encode(digest).decode("ascii")
 
 
+def check_secrets(secrets: str | Sequence[str]) -> None:
+    """ConfigurationError (naming no secret) unless every secret is a usable key."""
+    _keys(secrets)
+
+
 def _keys(secrets: str | Sequence[str]) -> list[bytes]:
     if isinstance(secrets, str):
         return [_key(secrets)]

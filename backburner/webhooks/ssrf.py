@@ -40,6 +40,7 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 """``async (host, port) -> [ip, ...]``: how ``resolve_safe`` looks a name up."""
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_URL_LENGTH = 2048
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 _HOST_RE = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")
 _NUMERIC_LABEL_RE = re.compile(r"[0-9]+|0x[0-9a-f]*")  # WHATWG: such a last label means IPv4
@@ -57,11 +58,14 @@ _V4_REASONS: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = [
     (_N("198.51.100.0/24"), "a documentation address"),
     (_N("203.0.113.0/24"), "a documentation address"),
     (_N("255.255.255.255/32"), "a broadcast address"),
+    (_N("192.0.0.0/24"), "an IETF protocol assignment address"),
+    (_N("192.88.99.0/24"), "a 6to4 relay anycast address"),
 ]
 _V6_REASONS: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = [
     (_N("fc00::/7"), "a unique local (private) address"),
     (_N("fec0::/10"), "a site-local address"),
     (_N("2001:db8::/32"), "a documentation address"),
+    (_N("3fff::/20"), "a documentation address"),
     (_N("64:ff9b:1::/48"), "a local-use NAT64 address"),
 ]
 _METADATA_IP = ipaddress.IPv4Address("169.254.169.254")
@@ -118,6 +122,8 @@ def check_url(url: str, *, allow: Collection[str] = ()) -> ParsedTarget:
     ``*.internal``) unless ``allow`` lists the host or a network holding the IP.
     Names are only vetted for real by ``resolve_safe``.
     """
+    if len(url) > MAX_URL_LENGTH:
+        raise UnsafeURLError(f"webhook_url is longer than {MAX_URL_LENGTH} characters")
     if any(ch <= " " or ch == "\x7f" for ch in url):
         raise UnsafeURLError("webhook_url must not contain whitespace or control characters")
     try:

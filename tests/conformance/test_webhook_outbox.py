@@ -109,19 +109,55 @@ async def test_attempts_are_logged_and_the_first_fixes_the_body(backend: Backend
     (message,) = await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
     failed = WebhookAttempt(at=T0 + 1, status_code=503, latency_ms=12.5, error="503")
     await backend.record_webhook_attempt(
-        message.msg_id, failed, status=WebhookStatus.PENDING, next_at=T0 + 6, body='{"a":1}'
+        message.msg_id,
+        message.claim,
+        failed,
+        status=WebhookStatus.PENDING,
+        next_at=T0 + 6,
+        body='{"a":1}',
     )
     assert await backend.claim_webhooks(now=T0 + 5, limit=1, lease_s=LEASE) == []
     (retry,) = await backend.claim_webhooks(now=T0 + 6, limit=1, lease_s=LEASE)
     assert retry.body == '{"a":1}' and retry.attempts == [failed]
+    assert (message.claim, retry.claim, retry.tries) == (1, 2, 1)
     ok = WebhookAttempt(at=T0 + 6, status_code=204, latency_ms=3.0)
-    await backend.record_webhook_attempt(
-        message.msg_id, ok, status=WebhookStatus.DELIVERED, next_at=None, body='{"other":2}'
+    assert await backend.record_webhook_attempt(
+        message.msg_id,
+        retry.claim,
+        ok,
+        status=WebhookStatus.DELIVERED,
+        next_at=None,
+        body='{"other":2}',
     )
     (done,) = await backend.webhook_deliveries(task_id)
     assert done.status is WebhookStatus.DELIVERED and done.next_at is None
-    assert done.body == '{"a":1}' and done.attempts == [failed, ok]
+    assert done.body == '{"a":1}' and done.attempts == [failed, ok] and done.tries == 2
     assert await backend.claim_webhooks(now=T0 + 10_000, limit=1, lease_s=LEASE) == []
+
+
+async def test_a_dispatcher_whose_lease_ended_cannot_overwrite_the_outcome(
+    backend: Backend,
+) -> None:
+    task_id, fence = await running(backend)
+    await backend.finish(task_id, fence, Complete(result=None), now=T0 + 1)
+    (stale,) = await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
+    (fresh,) = await backend.claim_webhooks(now=T0 + 1 + LEASE, limit=1, lease_s=LEASE)
+    ok = WebhookAttempt(at=T0 + 40, status_code=200)
+    assert await backend.record_webhook_attempt(
+        fresh.msg_id, fresh.claim, ok, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+    )
+    late = WebhookAttempt(at=T0 + 41, error="ReadTimeout")
+    assert not await backend.record_webhook_attempt(
+        stale.msg_id, stale.claim, late, status=WebhookStatus.PENDING, next_at=T0 + 50, body="{}"
+    )
+    (message,) = await backend.webhook_deliveries(task_id)
+    assert message.status is WebhookStatus.DELIVERED and message.attempts == [ok]
+    # A redelivery also fences off the attempt in flight, and starts counting tries again.
+    again = await backend.redeliver_webhook(task_id, now=T0 + 60)
+    assert again.claim == fresh.claim + 1 and again.tries == 0
+    assert not await backend.record_webhook_attempt(
+        fresh.msg_id, fresh.claim, ok, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+    )
 
 
 async def test_a_failed_message_can_be_redelivered_with_the_same_id_and_body(
@@ -132,7 +168,7 @@ async def test_a_failed_message_can_be_redelivered_with_the_same_id_and_body(
     (message,) = await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
     gone = WebhookAttempt(at=T0 + 1, status_code=410, error="410 Gone")
     await backend.record_webhook_attempt(
-        message.msg_id, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
+        message.msg_id, message.claim, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
     )
     again = await backend.redeliver_webhook(task_id, now=T0 + 50)
     assert again.msg_id == message.msg_id and again.status is WebhookStatus.PENDING
@@ -165,8 +201,9 @@ async def test_messages_go_with_their_job(backend: Backend) -> None:
     assert await backend.claim_webhooks(now=T0 + 100, limit=10, lease_s=LEASE) == []
     lost = await backend.claim_webhooks(now=T0 + 100, limit=10, lease_s=LEASE)
     assert lost == []
-    await backend.record_webhook_attempt(  # the message of a deleted job: ignored, no error
+    assert not await backend.record_webhook_attempt(  # a deleted job's message: ignored
         "msg_" + "0" * 32,
+        1,
         WebhookAttempt(at=T0),
         status=WebhookStatus.DELIVERED,
         next_at=None,
@@ -197,7 +234,7 @@ async def test_progress_messages_wait_one_at_a_time_for_jobs_that_opted_in(
     assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 4) is False
     sent = WebhookAttempt(at=T0 + 4, status_code=204)
     await backend.record_webhook_attempt(
-        message.msg_id, sent, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+        message.msg_id, message.claim, sent, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
     )
     assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 5) is True
     await backend.finish(job.task_id, fence, Complete(result=None), now=T0 + 6)
@@ -233,7 +270,12 @@ async def test_counts_and_the_list_of_failed_messages(backend: Backend) -> None:
     for at, task_id in ((T0 + 20, ids[0]), (T0 + 30, ids[2])):
         gone = WebhookAttempt(at=at, status_code=410, error="HTTP 410")
         await backend.record_webhook_attempt(
-            by_task[task_id].msg_id, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
+            by_task[task_id].msg_id,
+            by_task[task_id].claim,
+            gone,
+            status=WebhookStatus.FAILED,
+            next_at=None,
+            body="{}",
         )
     assert await backend.webhook_counts() == {"pending": 1, "delivered": 0, "failed": 2}
     page, cursor = await backend.failed_webhooks(limit=1)

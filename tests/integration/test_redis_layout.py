@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -205,13 +206,19 @@ async def test_settled_messages_sit_in_a_sorted_set_by_status_and_go_with_their_
     messages = await engine.claim_webhooks(now=T0 + 1, limit=4, lease_s=30)
     assert len(messages) == 4
     ok = WebhookAttempt(at=T0 + 5, status_code=204)
+    first = messages[0]
     await engine.record_webhook_attempt(
-        messages[0].msg_id, ok, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+        first.msg_id, first.claim, ok, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
     )
     gone = WebhookAttempt(at=T0 + 9, status_code=410)  # three failures at the same instant
     for message in messages[1:]:
         await engine.record_webhook_attempt(
-            message.msg_id, gone, status=WebhookStatus.FAILED, next_at=None, body="{}"
+            message.msg_id,
+            message.claim,
+            gone,
+            status=WebhookStatus.FAILED,
+            next_at=None,
+            body="{}",
         )
     assert await client.zrange(delivered, 0, -1, withscores=True) == [
         (messages[0].msg_id.encode(), T0 + 5)
@@ -247,3 +254,84 @@ async def test_settled_messages_sit_in_a_sorted_set_by_status_and_go_with_their_
     # The purge takes them out of every set with their jobs.
     assert await engine.purge_expired(now=T0 + 1 + 600, limit=10) == 4
     assert [k for k in await keys_of(client, engine.prefix) if ":wh:" in k] == []
+
+
+async def test_a_message_counts_its_claims_and_tries_and_one_from_before_reads_them_as_0(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    job = await enqueue(engine, "summarize", now=T0, webhook_url="https://h.example/in")
+    claimed = await claim_one(engine, now=T0)
+    await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 1)
+    (message,) = await engine.webhook_deliveries(job.task_id)
+    m = p + "wh:" + message.msg_id
+    assert (await client.hget(m, "claim"), await client.hget(m, "tries")) == (b"0", b"0")
+
+    # A message written before claim numbers existed has neither field: it reads as 0, and
+    # its first claim hands out 1.
+    await client.hdel(m, "claim", "tries")
+    (old,) = await engine.webhook_deliveries(job.task_id)
+    assert (old.claim, old.tries) == (0, 0)
+    (leased,) = await engine.claim_webhooks(now=T0 + 1, limit=1, lease_s=30)
+    assert leased.claim == 1 and await client.hget(m, "claim") == b"1"
+    busy = WebhookAttempt(at=T0 + 2, status_code=503)
+    assert not await engine.record_webhook_attempt(  # a claim number never handed out
+        message.msg_id, 0, busy, status=WebhookStatus.PENDING, next_at=T0 + 60, body="{}"
+    )
+    assert await client.hget(m, "attempts") == b"[]"
+    assert await engine.record_webhook_attempt(
+        message.msg_id, 1, busy, status=WebhookStatus.PENDING, next_at=T0 + 60, body="{}"
+    )
+    assert await client.hget(m, "tries") == b"1"
+    assert await client.zscore(p + "wh:due", message.msg_id) == T0 + 60
+
+    # A redelivery takes the next claim number and starts the tries again, log kept.
+    again = await engine.redeliver_webhook(job.task_id, now=T0 + 3)
+    assert (again.claim, again.tries, len(again.attempts)) == (2, 0, 1)
+    assert (await client.hget(m, "claim"), await client.hget(m, "tries")) == (b"2", b"0")
+
+
+async def _as_the_previous_release_stored_it(client: Redis, p: str, task_id: str, url: str) -> None:
+    """The job's webhook_url only in its spec (a member after ttl_s: ``git show
+    1cc9bfe:backburner/backends/redis_codec.py``), not in its hash."""
+    spec = await client.get(p + "s:" + task_id)
+    assert isinstance(spec, bytes)
+    assert b'"webhook_url"' not in spec, spec  # the spec no longer stores it: write it there
+    assert spec.rsplit(b",", 1)[1].startswith(b'"ttl_s":'), spec  # no timeout_s, no key
+    await client.set(p + "s:" + task_id, spec + b',"webhook_url":' + json.dumps(url).encode())
+    assert await client.hdel(p + "j:" + task_id, "webhook_url") == 1
+
+
+async def test_a_job_of_the_previous_release_keeps_its_webhook_from_its_spec(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    url = "https://h.example/in/old?x=1"
+    done = await enqueue(engine, "summarize", now=T0, webhook_url=url)
+    cancelled = await enqueue(engine, "summarize", now=T0 + 1, webhook_url=url)
+    for job in (done, cancelled):
+        await _as_the_previous_release_stored_it(client, p, job.task_id, url)
+        assert (await engine.get(job.task_id)).webhook_url == url  # type: ignore[union-attr]
+
+    claimed = await claim_one(engine, done.task_id, now=T0 + 2)
+    await engine.finish(done.task_id, claimed.fence, Complete({"ok": 1}), now=T0 + 3)
+    (message,) = await engine.webhook_deliveries(done.task_id)
+    assert (message.event, message.url, message.status) == (
+        "task.completed",
+        url,
+        WebhookStatus.PENDING,
+    )
+    # Stored as a new job's url is, byte for byte (cjson would have escaped each "/").
+    stored = await client.hget(p + "wh:" + message.msg_id, "url")
+    assert stored == json.dumps(url).encode()
+    assert await client.zscore(p + "wh:due", message.msg_id) == T0 + 3
+
+    await engine.cancel(cancelled.task_id, now=T0 + 4)
+    (message,) = await engine.webhook_deliveries(cancelled.task_id)
+    assert (message.event, message.url) == ("task.cancelled", url)
+
+    # Without a webhook_url anywhere, nothing is written, even when the input names one.
+    plain = await enqueue(engine, "other", {"webhook_url": url}, now=T0 + 5)
+    claimed = await claim_one(engine, plain.task_id, now=T0 + 5)
+    await engine.finish(plain.task_id, claimed.fence, Complete(None), now=T0 + 6)
+    assert await engine.webhook_deliveries(plain.task_id) == []

@@ -6,14 +6,14 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 
@@ -32,6 +32,8 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
     hold: threading.Event | None = None
     """If given, the answer waits until it is set (a receiver that hangs)."""
+    body: str = ""
+    """``trickle``: a byte every 0.2 s for a minute; ``endless``: 64 KB chunks forever."""
 
 
 class ReceiverState:
@@ -62,6 +64,22 @@ class ReceiverState:
             return [r for r in self.received if r.path == path]
 
 
+async def _trickle() -> AsyncIterator[bytes]:
+    for _ in range(300):
+        yield b"."
+        await asyncio.sleep(0.2)
+
+
+async def _endless() -> AsyncIterator[bytes]:
+    chunk = b"x" * 65536
+    while True:
+        yield chunk
+        await asyncio.sleep(0)
+
+
+_BODIES = {"trickle": _trickle, "endless": _endless}
+
+
 def build_app(state: ReceiverState) -> Starlette:
     async def hook(request: Request) -> Response:
         body = await request.body()
@@ -73,6 +91,10 @@ def build_app(state: ReceiverState) -> Starlette:
             state.arrived.notify_all()
         if answer.hold is not None:
             await asyncio.to_thread(answer.hold.wait, 30)
+        if answer.body:
+            return StreamingResponse(
+                _BODIES[answer.body](), status_code=answer.status, headers=answer.headers
+            )
         return Response(status_code=answer.status, headers=answer.headers)
 
     return Starlette(routes=[Route("/{rest:path}", hook, methods=["POST"])])

@@ -251,3 +251,33 @@ async def test_progress_webhooks_need_a_webhook_url(make: Any) -> None:
     bb = await make()
     with pytest.raises(InvalidInputError, match="webhook_progress needs a webhook_url"):
         await bb.enqueue("echo", webhook_progress=True)
+
+
+async def test_an_attempt_is_bounded_as_a_whole_even_by_a_trickling_receiver(
+    hooks: Receiver, make: Any
+) -> None:
+    hooks.state.plan("/slow", Answer(200, body="trickle"))  # a byte every 0.2 s: no read stalls
+    bb = await make(webhook_timeout_s=1.0)
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/slow"))
+
+        async def attempted() -> bool:
+            messages = await bb.webhooks(job.task_id)
+            return bool(messages) and bool(messages[0].attempts)
+
+        await eventually(attempted, message="a first attempt")
+    (message,) = await bb.webhooks(job.task_id)
+    first = message.attempts[0]
+    assert first.error == "timed out after 1 s" and first.latency_ms is not None
+    assert first.latency_ms < 2000  # the attempt's own timeout, not one per read
+
+
+async def test_an_endless_answer_is_not_read_to_the_end(hooks: Receiver, make: Any) -> None:
+    hooks.state.plan("/flood", Answer(200, body="endless"))
+    bb = await make(webhook_timeout_s=5.0)
+    async with running_worker(bb):
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/flood"))
+        await delivered(bb, job.task_id)
+    (message,) = await bb.webhooks(job.task_id)
+    assert message.status is WebhookStatus.DELIVERED
+    assert (message.attempts[0].latency_ms or 0) < 5000

@@ -6,7 +6,8 @@ local f = redis.call('HMGET', j, 'status', '_ty', '_sq', '_qm', 'worker_id', 'fe
 if not f[1] then return {'missing'} end
 local status = raw(f[1])
 if TERMINAL[status] then return {'unchanged', read_job(id)} end
-local ty = f[2]
+local ty, url = f[2], f[11]
+if not url then url = spec_webhook_url(id) end -- a job of the previous release
 if status == 'queued' then
   if f[4] then redis.call('ZREM', rkey(ty), f[4] .. id) end
   redis.call('ZREM', DELAYED, id)
@@ -24,5 +25,5 @@ redis.call('HSET', j, 'status', '"cancelled"', 'finished_at', now, 'expires_at',
 redis.call('HDEL', j, 'lease_expires_at')
 reindex(id, ty, tonumber(f[3]), status, 'cancelled')
 event(id, 'status', '{"status":"cancelled"}', now)
-write_webhook(id, f[11], ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now))
+write_webhook(id, url, ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now))
 return {'ok', read_job(id)}

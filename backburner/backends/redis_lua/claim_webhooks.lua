@@ -1,5 +1,6 @@
 -- ARGV: P, now, limit, lease end. Leases up to limit due pending messages (oldest due first):
--- next_at moves to the lease end. Returns their JSON documents. A due id whose message expired
+-- next_at moves to the lease end and claim grows by one (an attempt is recorded only under
+-- the claim it was sent under). Returns their JSON documents. A due id whose message expired
 -- with its job (no sweeper purged it first) is dropped and the next one taken instead.
 local now, limit, lease_end = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local out, seen = {}, {}
@@ -11,6 +12,7 @@ while #out < limit do
       seen[msg] = true
       if redis.call('EXISTS', whk(msg)) == 1 then
         redis.call('HSET', whk(msg), 'next_at', lease_end)
+        redis.call('HINCRBY', whk(msg), 'claim', 1)
         redis.call('ZADD', WH_DUE, lease_end, msg)
         out[#out + 1] = read_webhook(msg)
       else

@@ -10,6 +10,8 @@ local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', 
 if f[1] ~= '"processing"' or f[2] ~= fence then return {'lost'} end
 if ARGV[5] == '1' and tonumber(f[3]) > tonumber(now) then return {'lost'} end
 local cur, ty, seq, attempts, ik = f[4], f[5], tonumber(f[6]), f[7], f[9]
+local url = f[12] -- nil for a job of the previous release: its spec holds it
+if not url and (kind == 'complete' or kind == 'fail') then url = spec_webhook_url(id) end
 redis.call('ZREM', LEASES, id)
 
 if kind == 'complete' then
@@ -21,7 +23,7 @@ if kind == 'complete' then
   redis.call('HDEL', j, 'error', 'lease_expires_at')
   reindex(id, ty, seq, 'processing', 'completed')
   event(id, 'status', ARGV[11], now)
-  write_webhook(id, f[12], msg, hook, now, make_terminal(id, ik, expires, now))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'fail' then
   local err = ARGV[9]
   close_history(id, cur, now, 'failed', err)
@@ -32,7 +34,7 @@ elseif kind == 'fail' then
   reindex(id, ty, seq, 'processing', 'failed')
   event(id, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}', now)
   event(id, 'status', '{"status":"failed","error":' .. err .. '}', now)
-  write_webhook(id, f[12], msg, hook, now, make_terminal(id, ik, expires, now))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'retry' then
   local err, run_at = ARGV[9], ARGV[10]
   close_history(id, cur, now, 'retry', err)

@@ -100,7 +100,9 @@ end
 
 -- The webhook outbox. A message is a hash whk(msg) whose fields hold JSON text, like a job's
 -- (task_id, event, url, status, created_at, next_at while pending, body once sent, attempts:
--- a JSON array); WH_DUE holds pending msg ids by next_at, WH_DELIVERED and WH_FAILED settled
+-- a JSON array, claim: grows with every claim and redelivery, tries: attempts recorded since
+-- it became pending by creation or redelivery; both absent, i.e. 0, in messages written before
+-- they existed); WH_DUE holds pending msg ids by next_at, WH_DELIVERED and WH_FAILED settled
 -- ones by the time of their last attempt; whjob(id) lists a job's msg ids, oldest first.
 -- Messages live and die with their job.
 local WH_DUE = P .. 'wh:due'
@@ -143,9 +145,23 @@ end
 -- the job's list. It gets no TTL: the job's terminal transition gives it the job's.
 local function add_webhook(id, url, msg, event, now)
   redis.call('HSET', whk(msg), 'task_id', cjson.encode(id), 'event', cjson.encode(event),
-    'url', url, 'status', '"pending"', 'created_at', now, 'next_at', now, 'attempts', '[]')
+    'url', url, 'status', '"pending"', 'created_at', now, 'next_at', now, 'attempts', '[]',
+    'claim', 0, 'tries', 0)
   redis.call('ZADD', WH_DUE, now, msg)
   redis.call('RPUSH', whjob(id), msg)
+end
+
+-- The webhook_url (JSON text, or nil) of a job enqueued by a release that kept it only in the
+-- spec s:<id> (JSON object members without their braces), for when its hash has none. A spec
+-- without the member's name (every job without a webhook) is not decoded. Call it before the
+-- first write: a spec that is not JSON reads as no url rather than failing the script halfway.
+-- Returned the way the hash holds it ('/' unescaped, unlike cjson's).
+local function spec_webhook_url(id)
+  local spec = redis.call('GET', skey(id))
+  if not spec or not string.find(spec, '"webhook_url":', 1, true) then return nil end
+  local ok, doc = pcall(cjson.decode, '{' .. spec .. '}')
+  if not ok or type(doc) ~= 'table' or type(doc.webhook_url) ~= 'string' then return nil end
+  return (string.gsub(cjson.encode(doc.webhook_url), '\\/', '/'))
 end
 
 -- In the step that makes a job terminal: a pending message, due now, when the job has a

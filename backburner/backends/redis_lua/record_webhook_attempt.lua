@@ -1,27 +1,32 @@
--- ARGV: P, msg_id, attempt JSON, status JSON text, next_at|'', body JSON text, attempt's at
--- A message deleted meanwhile (with its job) is ignored. The first attempt fixes the body. A
--- settled message goes into WH_DELIVERED or WH_FAILED, scored by the attempt's time.
-local msg, status = ARGV[2], ARGV[4]
+-- ARGV: P, msg_id, claim, attempt JSON, status JSON text, next_at|'', body JSON text,
+--       attempt's at
+-- Applies only to a message still pending under claim (the number claim_webhooks handed out
+-- with it): a message deleted meanwhile (with its job), settled, claimed again after the lease
+-- ended, or redelivered is left as it is, and 0 returned; else 1. An applied attempt counts a
+-- try; the first one fixes the body. A settled message goes into WH_DELIVERED or WH_FAILED,
+-- scored by the attempt's time.
+local msg, status = ARGV[2], ARGV[5]
 local m = whk(msg)
-local f = redis.call('HMGET', m, 'attempts', 'body')
-if not f[1] then return 0 end
-local log = string.sub(f[1], 1, -2) -- the array without its closing bracket
+local f = redis.call('HMGET', m, 'status', 'claim', 'attempts', 'body')
+if f[1] ~= '"pending"' or tonumber(f[2] or '0') ~= tonumber(ARGV[3]) then return 0 end
+local log = string.sub(f[3], 1, -2) -- the array without its closing bracket
 if log ~= '[' then log = log .. ',' end
-redis.call('HSET', m, 'attempts', log .. ARGV[3] .. ']', 'status', status)
-if not f[2] then redis.call('HSET', m, 'body', ARGV[6]) end
+redis.call('HSET', m, 'attempts', log .. ARGV[4] .. ']', 'status', status)
+redis.call('HINCRBY', m, 'tries', 1)
+if not f[4] then redis.call('HSET', m, 'body', ARGV[7]) end
 if status == '"pending"' then
-  redis.call('HSET', m, 'next_at', ARGV[5])
-  redis.call('ZADD', WH_DUE, ARGV[5], msg)
+  redis.call('HSET', m, 'next_at', ARGV[6])
+  redis.call('ZADD', WH_DUE, ARGV[6], msg)
   redis.call('ZREM', WH_DELIVERED, msg)
   redis.call('ZREM', WH_FAILED, msg)
 else
   redis.call('HDEL', m, 'next_at')
   redis.call('ZREM', WH_DUE, msg)
   if status == '"delivered"' then
-    redis.call('ZADD', WH_DELIVERED, ARGV[7], msg)
+    redis.call('ZADD', WH_DELIVERED, ARGV[8], msg)
     redis.call('ZREM', WH_FAILED, msg)
   else
-    redis.call('ZADD', WH_FAILED, ARGV[7], msg)
+    redis.call('ZADD', WH_FAILED, ARGV[8], msg)
     redis.call('ZREM', WH_DELIVERED, msg)
   end
 end
