@@ -21,6 +21,7 @@ from .errors import (
 from .hooks import HookChain, Hooks
 from .jsoncodec import round_trip
 from .models import Event, Job, JobStatus, WebhookDelivery
+from .observability.metrics import Metrics
 from .providers.job_llm import LimitSettings
 from .providers.routing import ModelRouter
 from .settings import Settings
@@ -101,7 +102,9 @@ class Backburner:
             )
         else:
             self.backend = backend
-        self.hooks = HookChain(hooks)
+        self.metrics = Metrics()
+        """Prometheus metrics of this process (``GET /metrics``; docs/metrics.md)."""
+        self.hooks = HookChain([self.metrics.hook(), *hooks])
         self.clock: Clock = clock or SystemClock()
         self.retry_policy = RetryPolicy(
             base_s=self.settings.retry_base_s,

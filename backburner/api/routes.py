@@ -14,6 +14,7 @@ from ..builtin import GENERATE, prompt_chars
 from ..errors import InvalidInputError
 from ..jsoncodec import depth
 from ..models import Job, JobStatus, WebhookDelivery
+from ..observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..settings import Settings
 from .errors import documented
 from .estimates import DurationEstimator, poll_after
@@ -363,6 +364,13 @@ def build_router(api: Api) -> APIRouter:
                 for w in current.workers
             ],
         )
+
+    @router.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """Prometheus metrics (text exposition format); see docs/metrics.md."""
+        await bb.connect()
+        await bb.metrics.refresh(bb.backend, now=bb.clock.now())
+        return Response(bb.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @router.get("/healthz", response_model=Health, tags=["ops"])
     async def healthz() -> Health:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 import typer
@@ -48,6 +50,33 @@ def _check_port(host: str, port: int) -> None:
             probe.bind((host, port))
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", 2) from None
+
+
+@contextlib.asynccontextmanager
+async def serve_metrics(bb: Backburner, host: str, port: int) -> AsyncIterator[None]:
+    """Serve ``bb.metrics`` over HTTP (from a thread) while the body runs; the gauges are
+    refreshed from the backend every 5 s."""
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(port, host, registry=bb.metrics.registry)
+
+    async def refresh() -> None:
+        while True:
+            try:
+                await bb.metrics.refresh(bb.backend, now=bb.clock.now())
+            except Exception as exc:  # a scrape shows the last good figures meanwhile
+                logging.getLogger("backburner.metrics").warning("metrics refresh: %s", exc)
+            await asyncio.sleep(5.0)
+
+    refresher = asyncio.create_task(refresh())
+    try:
+        yield
+    finally:
+        refresher.cancel()
+        await asyncio.gather(refresher, return_exceptions=True)
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: str) -> None:
@@ -140,17 +169,28 @@ def worker(
     backend: BackendOption = None,
     concurrency: ConcurrencyOption = None,
     models: ModelsOption = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve this worker's Prometheus metrics on this port (on --host)."),
+    ] = None,
+    host: HostOption = None,
     log_level: LogLevelOption = "info",
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful; a second signal: at once)."""
     _logging(log_level)
     if concurrency is not None and concurrency < 1:
         raise fail("--concurrency must be >= 1", 2)
-    bb = load_app(app, settings_for(backend, models=models), backend)
+    settings = settings_for(backend, models=models, host=host)
+    bb = load_app(app, settings, backend)
 
     async def go() -> None:
         async with bb:
-            await bb.run_worker(concurrency=concurrency)
+            if metrics_port is None:
+                await bb.run_worker(concurrency=concurrency)
+                return
+            _check_port(settings.host, metrics_port)
+            async with serve_metrics(bb, settings.host, metrics_port):
+                await bb.run_worker(concurrency=concurrency)
 
     run(go())
 

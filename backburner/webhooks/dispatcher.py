@@ -168,6 +168,10 @@ class WebhookDispatcher:
         if result is None:
             return  # the receiver was busy throughout: due again when the lease ends
         attempt, verdict = result
+        metrics = self.app.metrics
+        outcome = "retry" if verdict.status is WebhookStatus.PENDING else verdict.status.value
+        metrics.webhook_deliveries.labels(outcome).inc()
+        metrics.webhook_latency.observe((attempt.latency_ms or 0.0) / 1000)
         recorded = await backend.record_webhook_attempt(
             message.msg_id,
             message.claim,

@@ -1,0 +1,5 @@
+"""Observability: Prometheus metrics (``metrics``)."""
+
+from .metrics import Metrics
+
+__all__ = ["Metrics"]

@@ -1,0 +1,193 @@
+"""Prometheus metrics: counters and histograms fed by lifecycle hooks, gauges read from the
+backend when scraped. One registry per ``Metrics`` (no global state); names in docs/metrics.md.
+
+Each process exports what it saw: an API process its submissions and cancels, a worker its
+runs, retries, failures and webhook deliveries. The gauges (queue depth, jobs in flight, DLQ
+size, workers, webhook messages) describe the whole deployment and read the same from any
+process; aggregate the counters with ``sum()`` and the gauges with ``max()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..hooks import Hooks
+from ..models import ErrorInfo, Job, JobStatus
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+
+
+def model_of(job: Job) -> str:
+    """The model a job used (its usage says; else its input asked), or "" for other tasks."""
+    if job.usage is not None:
+        model = (job.usage.model_extra or {}).get("model")
+        if isinstance(model, str):
+            return model
+    asked = job.input.get("model")
+    return asked if isinstance(asked, str) else ""
+
+
+class Metrics:
+    """Every metric backburner exports, on its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        self.submitted = counter("backburner_tasks_submitted_total", "Jobs enqueued.", ("type",))
+        self.started = counter("backburner_tasks_started_total", "Attempts started.", ("type",))
+        self.completed = counter(
+            "backburner_tasks_completed_total", "Jobs completed.", ("type", "model")
+        )
+        self.failed = counter(
+            "backburner_tasks_failed_total",
+            "Jobs failed for good (into the dead-letter queue), by error type.",
+            ("type", "error_type"),
+        )
+        self.retries = counter(
+            "backburner_task_retries_total",
+            "Attempts that failed and will retry.",
+            ("type", "error_type"),
+        )
+        self.cancelled = counter("backburner_tasks_cancelled_total", "Jobs cancelled.", ("type",))
+        self.duration = Histogram(
+            "backburner_task_duration_seconds",
+            "Run time of the attempt that ended the job (start to end).",
+            ("type", "model", "outcome"),
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.queue_latency = Histogram(
+            "backburner_task_queue_latency_seconds",
+            "From when a job was due (enqueued, or its delay over) to the start of its attempt.",
+            ("type",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.input_tokens = counter(
+            "backburner_llm_input_tokens_total", "Prompt tokens of completed jobs.", ("model",)
+        )
+        self.output_tokens = counter(
+            "backburner_llm_output_tokens_total", "Generated tokens of completed jobs.", ("model",)
+        )
+        self.cost = counter(
+            "backburner_llm_cost_usd_total", "Cost of completed jobs (priced models).", ("model",)
+        )
+        self.first_token = Histogram(
+            "backburner_llm_time_to_first_token_seconds",
+            "Time to the first token of a job's last model call.",
+            ("model",),
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.webhook_deliveries = counter(
+            "backburner_webhook_deliveries_total",
+            "Webhook attempts by outcome: delivered, retry (it will be tried again), failed.",
+            ("outcome",),
+        )
+        self.webhook_latency = Histogram(
+            "backburner_webhook_delivery_seconds",
+            "Duration of one webhook attempt.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry)
+
+        self.jobs = gauge("backburner_jobs", "Stored jobs by status.", ("status",))
+        self.queue_depth = gauge(
+            "backburner_queue_depth", "Queued jobs by priority.", ("priority",)
+        )
+        self.in_flight = gauge("backburner_jobs_in_flight", "Jobs queued or processing.")
+        self.dead_letter = gauge(
+            "backburner_dead_letter_jobs", "Failed jobs waiting in the dead-letter queue."
+        )
+        self.workers = gauge(
+            "backburner_active_workers", "Worker processes seen in the last minute."
+        )
+        self.webhook_messages = gauge(
+            "backburner_webhook_messages", "Webhook messages by status.", ("status",)
+        )
+
+    def hook(self) -> Hooks:
+        """The lifecycle hook that feeds the counters and histograms."""
+        return _MetricsHook(self)
+
+    async def refresh(self, backend: Backend, *, now: float) -> None:
+        """Set the deployment-wide gauges from the backend."""
+        stats = await backend.stats(now=now)
+        for status in JobStatus:
+            self.jobs.labels(status.value).set(stats.counts.get(status, 0))
+        self.queue_depth.clear()
+        for priority, n in stats.queued_by_priority.items():
+            self.queue_depth.labels(str(priority)).set(n)
+        self.in_flight.set(
+            stats.counts.get(JobStatus.QUEUED, 0) + stats.counts.get(JobStatus.PROCESSING, 0)
+        )
+        self.dead_letter.set(stats.dead_letter)
+        self.workers.set(len(stats.workers))
+        for state, n in (await backend.webhook_counts()).items():
+            self.webhook_messages.labels(state).set(n)
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class _MetricsHook(Hooks):
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    async def on_enqueue(self, job: Job) -> None:
+        self.m.submitted.labels(job.type).inc()
+
+    async def on_start(self, job: Job) -> None:
+        self.m.started.labels(job.type).inc()
+        if job.started_at is not None:
+            due = max(job.created_at, job.run_at)
+            self.m.queue_latency.labels(job.type).observe(max(0.0, job.started_at - due))
+
+    async def on_retry(self, job: Job, error: ErrorInfo) -> None:
+        self.m.retries.labels(job.type, error.type).inc()
+
+    async def on_complete(self, job: Job) -> None:
+        model = model_of(job)
+        self.m.completed.labels(job.type, model).inc()
+        self._duration(job, model, "completed")
+        usage: dict[str, Any] = job.usage.model_dump() if job.usage is not None else {}
+        if model or usage.get("input_tokens") or usage.get("output_tokens"):
+            self.m.input_tokens.labels(model).inc(usage.get("input_tokens", 0))
+            self.m.output_tokens.labels(model).inc(usage.get("output_tokens", 0))
+        cost = usage.get("cost_usd")
+        if isinstance(cost, int | float) and cost > 0:
+            self.m.cost.labels(model).inc(cost)
+        ttft = usage.get("time_to_first_token_s")
+        if isinstance(ttft, int | float):
+            self.m.first_token.labels(model).observe(ttft)
+
+    async def on_fail(self, job: Job) -> None:
+        error_type = job.error.type if job.error is not None else "unknown"
+        self.m.failed.labels(job.type, error_type).inc()
+        self._duration(job, model_of(job), "failed")
+
+    async def on_cancel(self, job: Job) -> None:
+        self.m.cancelled.labels(job.type).inc()
+
+    def _duration(self, job: Job, model: str, outcome: str) -> None:
+        if job.finished_at is None or not job.history:
+            return
+        started = job.history[-1].started_at
+        self.m.duration.labels(job.type, model, outcome).observe(
+            max(0.0, job.finished_at - started)
+        )
