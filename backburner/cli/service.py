@@ -15,6 +15,7 @@ from rich.live import Live
 
 from ..app import Backburner
 from ..models import Job
+from ..observability.logs import configure_logging
 from ..settings import Settings
 from .common import (
     AppArgument,
@@ -33,13 +34,22 @@ HostOption = Annotated[str | None, typer.Option(help="Interface to listen on [12
 PortOption = Annotated[int | None, typer.Option(help="Port to listen on [8000].")]
 ConcurrencyOption = Annotated[int | None, typer.Option(help="Jobs one worker runs at once.")]
 LogLevelOption = Annotated[str, typer.Option(help="debug, info, warning, error")]
+LogFormatOption = Annotated[
+    str,
+    typer.Option(
+        envvar="BACKBURNER_LOG_FORMAT",
+        help="auto (JSON lines unless on a terminal), json or text.",
+    ),
+]
 
 
-def _logging(level_name: str) -> None:
+def _logging(level_name: str, log_format: str = "auto") -> None:
     level = getattr(logging, level_name.upper(), None)
     if not isinstance(level, int):
         raise fail(f"unknown log level {level_name!r}", 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_format not in ("auto", "json", "text"):
+        raise fail(f"unknown log format {log_format!r} (auto, json, text)", 2)
+    configure_logging(level, json_lines=None if log_format == "auto" else log_format == "json")
 
 
 def _check_port(host: str, port: int) -> None:
@@ -116,6 +126,7 @@ def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: 
         host=settings.host,
         port=settings.port,
         log_level=level.lower(),
+        log_config=None,  # uvicorn's records go through our handler: JSON lines off a terminal
         timeout_graceful_shutdown=5,
     )
 
@@ -139,9 +150,10 @@ def serve(
     concurrency: ConcurrencyOption = None,
     models: ModelsOption = None,
     log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run the HTTP API and a worker in one process (SQLite by default): the zero-setup service."""
-    _logging(log_level)
+    _logging(log_level, log_format)
     settings = settings_for(backend, host=host, port=port, concurrency=concurrency, models=models)
     bb = load_app(app, settings, backend)
     if not bb.models.default_is_set and "local" in bb.models.routes:  # the real offline model
@@ -156,9 +168,10 @@ def api(
     port: PortOption = None,
     models: ModelsOption = None,
     log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run the HTTP API only (run workers with `backburner worker`)."""
-    _logging(log_level)
+    _logging(log_level, log_format)
     settings = settings_for(backend, host=host, port=port, models=models)
     bb = load_app(app, settings, backend)
     _serve_http(bb, settings, run_worker=False, level=log_level)
@@ -175,9 +188,10 @@ def worker(
     ] = None,
     host: HostOption = None,
     log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (graceful; a second signal: at once)."""
-    _logging(log_level)
+    _logging(log_level, log_format)
     if concurrency is not None and concurrency < 1:
         raise fail("--concurrency must be >= 1", 2)
     settings = settings_for(backend, models=models, host=host)

@@ -187,6 +187,11 @@ class WebhookDispatcher:
                 message.task_id,
                 message.url,
                 verdict.error,
+                extra={
+                    "task_id": message.task_id,
+                    "msg_id": message.msg_id,
+                    "event": "webhook_failed",
+                },
             )
 
     async def attempt(

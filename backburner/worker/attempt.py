@@ -12,6 +12,7 @@ from ..backends.base import Complete, Fail, Outcome, Release, RetryAt
 from ..context import JobContext, activate
 from ..errors import BackendError, InvalidInputError, LeaseLostError
 from ..models import ErrorInfo, Job
+from ..observability.logs import job_fields
 
 if TYPE_CHECKING:
     from ..app import Backburner
@@ -71,7 +72,12 @@ def _after_cancel(attempt: Attempt) -> Outcome | None:
     if attempt.stop_reason == SHUTDOWN:
         return Release()
     if attempt.stop_reason in (CANCELLED, LEASE_LOST):
-        log.info("job %s: stopped (%s)", attempt.job.task_id, attempt.stop_reason)
+        log.info(
+            "job %s: stopped (%s)",
+            attempt.job.task_id,
+            attempt.stop_reason,
+            extra=job_fields(attempt.job, "stopped"),
+        )
         attempt.settled = True
     return None
 
@@ -115,7 +121,12 @@ def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:
     job = attempt.job
     error, delay = app.retry_policy.classify(exc, app.tasks.get(job.type))
     log.info(
-        "job %s attempt %d failed: %s: %s", job.task_id, job.attempts, error.type, error.message
+        "job %s attempt %d failed: %s: %s",
+        job.task_id,
+        job.attempts,
+        error.type,
+        error.message,
+        extra=job_fields(job, "attempt_failed"),
     )
     return app.retry_policy.after_failure(job, error, delay, now=app.clock.now())
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..backends.base import Fail, RetryAt
 from ..errors import LeaseLostError
 from ..models import ErrorInfo
+from ..observability.logs import job_fields
 
 if TYPE_CHECKING:
     from ..app import Backburner
@@ -45,7 +46,9 @@ async def sweep_once(app: Backburner, *, limit: int = 1000) -> SweepReport:
             )
         except LeaseLostError:
             continue  # another sweeper, a late heartbeat or a cancel got there first
-        log.warning("job %s: %s", job.task_id, error.message)
+        log.warning(
+            "job %s: %s", job.task_id, error.message, extra=job_fields(job, "lease_expired")
+        )
         if isinstance(outcome, RetryAt):
             requeued += 1
             await app.hooks.retry(stored, error)

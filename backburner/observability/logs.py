@@ -1,0 +1,57 @@
+"""Logging: readable lines on a terminal, one JSON object a line elsewhere (for Loki & co).
+
+Log calls that concern a job pass ``extra=job_fields(job)`` (task_id, type, attempt, and an
+``event`` name); the JSON formatter lifts those into top-level keys. Prompts and results are
+never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from ..models import Job
+
+JOB_FIELDS = ("task_id", "type", "attempt", "event", "tenant", "worker_id", "msg_id")
+_READABLE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def job_fields(job: Job, event: str) -> dict[str, Any]:
+    """The ``extra`` of a log call about ``job``."""
+    return {"task_id": job.task_id, "type": job.type, "attempt": job.attempts, "event": event}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, message, the job fields, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in JOB_FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure_logging(level: int, *, json_lines: bool | None = None) -> None:
+    """Set up the root logger: JSON lines unless stderr is a terminal (or ``json_lines``
+    says otherwise)."""
+    use_json = not sys.stderr.isatty() if json_lines is None else json_lines
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(_READABLE))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
