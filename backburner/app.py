@@ -22,6 +22,7 @@ from .hooks import HookChain, Hooks
 from .jsoncodec import round_trip
 from .models import Event, Job, JobStatus, WebhookDelivery
 from .observability.metrics import Metrics
+from .observability.tracing import Tracing
 from .providers.job_llm import LimitSettings
 from .providers.routing import ModelRouter
 from .settings import Settings
@@ -86,8 +87,11 @@ class Backburner:
         hooks: Sequence[Hooks] = (),
         clock: Clock | None = None,
         models: ModelRouter | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        self.tracing = tracing or Tracing()
+        """OpenTelemetry spans (with ``backburner[otel]``; otherwise they cost nothing)."""
         self.models = models or ModelRouter.from_source(self.settings.models)
         """Model routes for ``ctx.llm`` and the built-in ``generate`` task."""
         if self.settings.default_model is not None:
@@ -241,6 +245,7 @@ class Backburner:
         webhook_url: str | None = None,
         webhook_progress: bool = False,
         request_fingerprint: str | None = None,
+        traceparent: str | None = None,
     ) -> NewJob:
         """Validate an enqueue request and return what would be stored (stores nothing).
 
@@ -315,6 +320,7 @@ class Backburner:
             metadata=meta,
             webhook_url=webhook_url,
             webhook_progress=webhook_progress,
+            traceparent=traceparent,
         )
 
     async def enqueue(self, task: str, input: dict[str, Any] | None = None, **options: Any) -> Job:
@@ -332,12 +338,16 @@ class Backburner:
         self, task: str, input: dict[str, Any] | None = None, **options: Any
     ) -> tuple[Job, bool]:
         """Like enqueue, and also say whether the job is new (False: an idempotent repeat)."""
-        new = self.build_job(task, input, **options)
-        await self.connect()
-        job, created = await self.backend.enqueue(new)
-        if created:
-            await self.hooks.enqueue(job)
-        return job, created
+        with self.tracing.submit(task) as span:
+            traceparent = self.tracing.current_traceparent()
+            new = self.build_job(task, input, traceparent=traceparent, **options)
+            await self.connect()
+            job, created = await self.backend.enqueue(new)
+            if span is not None:
+                span.set_attribute("backburner.task_id", job.task_id)
+            if created:
+                await self.hooks.enqueue(job)
+            return job, created
 
     # -- readers -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, InvalidInputError
 from .models import Job, Progress
+from .observability.tracing import Tracing
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -34,7 +35,17 @@ def activate(ctx: JobContext) -> None:
 class JobContext:
     """Handed to every handler as its first argument. Writes are fenced by the attempt."""
 
-    __slots__ = ("_backend", "_clock", "_limits", "_llm", "_models", "_on_webhook", "job", "usage")
+    __slots__ = (
+        "_backend",
+        "_clock",
+        "_limits",
+        "_llm",
+        "_models",
+        "_on_webhook",
+        "job",
+        "tracing",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -45,6 +56,7 @@ class JobContext:
         models: ModelRouter | None = None,
         limits: LimitSettings | None = None,
         on_webhook: Callable[[], None] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.job = job
         self.usage: dict[str, Any] = {}
@@ -54,6 +66,7 @@ class JobContext:
         self._limits = limits
         self._llm: JobLLM | None = None
         self._on_webhook = on_webhook
+        self.tracing = tracing or Tracing()
 
     @property
     def backend(self) -> Backend:

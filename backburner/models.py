@@ -88,6 +88,8 @@ class Job(BaseModel):
     webhook_url: str | None = None
     webhook_progress: bool = False
     """Also send a ``task.progress`` webhook as progress is reported (at most one waits)."""
+    traceparent: str | None = None
+    """The W3C trace context of whoever enqueued the job: its spans join that trace."""
     expires_at: float | None = None
     timeout_s: float | None = None
     deadline_at: float | None = None

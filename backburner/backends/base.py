@@ -96,6 +96,7 @@ class NewJob:
     metadata: dict[str, Any] = field(default_factory=dict)
     webhook_url: str | None = None
     webhook_progress: bool = False
+    traceparent: str | None = None
 
     def to_job(
         self, *, input: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None
@@ -114,6 +115,7 @@ class NewJob:
             metadata=self.metadata if metadata is None else metadata,
             webhook_url=self.webhook_url,
             webhook_progress=self.webhook_progress,
+            traceparent=self.traceparent,
             timeout_s=self.timeout_s,
             deadline_at=self.deadline_at,
             ttl_s=self.ttl_s,

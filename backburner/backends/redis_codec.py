@@ -57,6 +57,8 @@ def new_job_spec(job: NewJob, input_json: str, metadata_json: str) -> str:
         parts.append(_member("timeout_s", number(job.timeout_s)))
     if job.idempotency_key is not None:
         parts.append(_member("idempotency_key", encode(job.idempotency_key)))
+    if job.traceparent is not None:
+        parts.append(_member("traceparent", encode(job.traceparent)))
     return ",".join(parts)
 
 

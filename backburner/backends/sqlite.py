@@ -135,6 +135,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             _dumps(job.metadata),
             job.webhook_url,
             int(job.webhook_progress),
+            job.traceparent,
             job.timeout_s,
             job.deadline_at,
             job.ttl_s,
@@ -163,8 +164,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             conn.execute(
                 "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint,"
                 " created_at, run_at, max_attempts, metadata, webhook_url, webhook_progress,"
-                " timeout_s, deadline_at, ttl_s, idempotency_key, event_seq)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                " traceparent, timeout_s, deadline_at, ttl_s, idempotency_key, event_seq)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
                 values,
             )
             _insert_event(conn, job.task_id, 1, "status", _QUEUED, job.created_at)

@@ -11,7 +11,7 @@ from ..models import Job
 SCHEMA_VERSION = 1
 
 ADDED_SINCE_VERSION_1 = """
--- Also added since version 1: the column jobs.webhook_progress (see _upgrade_version_1).
+-- Also added since version 1: columns of jobs (_ADDED_COLUMNS, see _upgrade_version_1).
 -- Concurrency slots (sqlite_slots.py): one row per holder of a slot, until its lease ends.
 CREATE TABLE IF NOT EXISTS slots (
     key TEXT NOT NULL,
@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     metadata TEXT NOT NULL,
     webhook_url TEXT,
     webhook_progress INTEGER NOT NULL DEFAULT 0,
+    traceparent TEXT,
     expires_at REAL,
     timeout_s REAL,
     deadline_at REAL,
@@ -171,6 +172,7 @@ _JOB_JSON = (
             ("metadata", _json_text("metadata")),
             ("webhook_url", "webhook_url"),
             ("webhook_progress", "json(iif(webhook_progress, 'true', 'false'))"),
+            ("traceparent", "traceparent"),
             ("expires_at", _number("expires_at", nullable=True)),
             ("timeout_s", _number("timeout_s", nullable=True)),
             ("deadline_at", _number("deadline_at", nullable=True)),
@@ -226,11 +228,19 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
         raise BackendError(f"cannot use the SQLite database: {exc}") from exc
 
 
+_ADDED_COLUMNS = (
+    ("webhook_progress", "INTEGER NOT NULL DEFAULT 0"),
+    ("traceparent", "TEXT"),
+)
+"""Columns of ``jobs`` added since version 1 (SCHEMA has them for a new file)."""
+
+
 def _upgrade_version_1(conn: sqlite3.Connection) -> None:
     """Bring a version 1 file made by an earlier release up to date: new tables (IF NOT
     EXISTS) and new columns, in one transaction, as another process may be doing the same."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-    if "webhook_progress" in columns and _has_table(conn, "slots") and _has_table(conn, "webhooks"):
+    new_columns = {c for c, _ in _ADDED_COLUMNS}
+    if new_columns <= columns and _has_table(conn, "slots") and _has_table(conn, "webhooks"):
         return
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -16,6 +16,7 @@ from rich.live import Live
 from ..app import Backburner
 from ..models import Job
 from ..observability.logs import configure_logging
+from ..observability.tracing import configure_from_env
 from ..settings import Settings
 from .common import (
     AppArgument,
@@ -50,6 +51,7 @@ def _logging(level_name: str, log_format: str = "auto") -> None:
     if log_format not in ("auto", "json", "text"):
         raise fail(f"unknown log format {log_format!r} (auto, json, text)", 2)
     configure_logging(level, json_lines=None if log_format == "auto" else log_format == "json")
+    configure_from_env()  # OTLP spans, when OTEL_EXPORTER_OTLP_ENDPOINT says where
 
 
 def _check_port(host: str, port: int) -> None:

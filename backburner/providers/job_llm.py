@@ -157,56 +157,65 @@ class JobLLM:
         first_token_s: float | None = None
         sink = TokenEvents(ctx, route.name, max_tokens) if events else None
         async with slot:
-            started = time.monotonic()
-            try:
-                async with contextlib.aclosing(provider.stream(request)) as items:
-                    async for item in items:
-                        if isinstance(item, Usage):
-                            usage = item
-                            continue
-                        if first_token_s is None:
-                            first_token_s = time.monotonic() - started
-                        produced += 1
-                        if sink is not None:
-                            sink.add(item)
-                        yield item
-                if sink is not None:
-                    await sink.flush()
-            except ProviderError as exc:
-                if sink is not None:
-                    await sink.flush()  # the partial text stays in the job's events
-                job = ctx.job
-                if exc.retryable and fallback is not None and job.attempts < job.max_attempts:
-                    # The next attempt goes to another model: this one's wait is not its wait.
-                    raise type(exc)(
-                        f"{exc} (the next attempt goes to model {fallback.name!r})",
-                        status=exc.status,
-                        after=0.0,
-                    ) from None
-                raise
-            except GeneratorExit:
-                # The caller stopped reading: a normal end. Its tokens were made (and billed).
-                if sink is not None:
-                    with contextlib.suppress(Exception):
+            traced = ctx.tracing.llm_call(ctx.job_id, provider.kind, route.upstream, max_tokens)
+            with traced as span_data:
+                started = time.monotonic()
+                try:
+                    async with contextlib.aclosing(provider.stream(request)) as items:
+                        async for item in items:
+                            if isinstance(item, Usage):
+                                usage = item
+                                continue
+                            if first_token_s is None:
+                                first_token_s = time.monotonic() - started
+                            produced += 1
+                            if sink is not None:
+                                sink.add(item)
+                            yield item
+                    if sink is not None:
                         await sink.flush()
-                estimate = Usage(
-                    estimate_tokens("".join(m.content for m in request.as_messages())),
-                    produced,
-                    "stopped",
-                    estimated=True,
-                )
-                self._account(
-                    self._result(route, provider.kind, estimate, started, produced, first_token_s)
-                )
-                raise
-            except Exception:
-                if sink is not None:
-                    await sink.flush()
-                raise
-            except BaseException:  # cancelled: nothing more may be written
-                if sink is not None:
-                    sink.abandon()
-                raise
+                except ProviderError as exc:
+                    if sink is not None:
+                        await sink.flush()  # the partial text stays in the job's events
+                    job = ctx.job
+                    if exc.retryable and fallback is not None and job.attempts < job.max_attempts:
+                        # The next attempt goes to another model: this one's wait is not its wait.
+                        raise type(exc)(
+                            f"{exc} (the next attempt goes to model {fallback.name!r})",
+                            status=exc.status,
+                            after=0.0,
+                        ) from None
+                    raise
+                except GeneratorExit:
+                    # The caller stopped reading: a normal end. Its tokens were made (and billed).
+                    if sink is not None:
+                        with contextlib.suppress(Exception):
+                            await sink.flush()
+                    estimate = Usage(
+                        estimate_tokens("".join(m.content for m in request.as_messages())),
+                        produced,
+                        "stopped",
+                        estimated=True,
+                    )
+                    self._account(
+                        self._result(
+                            route, provider.kind, estimate, started, produced, first_token_s
+                        )
+                    )
+                    raise
+                except Exception:
+                    if sink is not None:
+                        await sink.flush()
+                    raise
+                except BaseException:  # cancelled: nothing more may be written
+                    if sink is not None:
+                        sink.abandon()
+                    raise
+                if usage is not None:
+                    span_data["gen_ai.usage.input_tokens"] = usage.input_tokens
+                    span_data["gen_ai.usage.output_tokens"] = usage.output_tokens
+                    if usage.finish_reason:
+                        span_data["gen_ai.response.finish_reasons"] = [usage.finish_reason]
         if usage is None:  # a provider that broke the Protocol: count what came
             usage = Usage(0, produced, None, estimated=True)
         result = self._result(route, provider.kind, usage, started, produced, first_token_s)

@@ -161,10 +161,18 @@ class WebhookDispatcher:
 
     async def _deliver(self, message: WebhookDelivery) -> None:
         backend = self.app.backend
+        tracing = self.app.tracing
         body = message.body
+        job = None
+        if body is None or tracing.enabled:
+            job = await backend.get(message.task_id)
         if body is None:
-            body = webhook_body(message, await backend.get(message.task_id))
-        result = await self.attempt(message, body)
+            body = webhook_body(message, job)
+        with tracing.webhook(message, job.traceparent if job is not None else None) as span:
+            result = await self.attempt(message, body)
+            if span is not None and result is not None:
+                span.set_attribute("http.response.status_code", result[0].status_code or 0)
+                span.set_attribute("backburner.webhook.outcome", result[1].status.value)
         if result is None:
             return  # the receiver was busy throughout: due again when the lease ends
         attempt, verdict = result

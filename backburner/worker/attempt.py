@@ -53,11 +53,14 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
         models=app.models,
         limits=app.model_limits,
         on_webhook=app.poke_webhooks,
+        tracing=app.tracing,
     )
     activate(ctx)
+    app.tracing.queue_wait(job)
     try:
         await app.hooks.start(job)
-        outcome = await _run_handler(app, attempt, ctx)
+        with app.tracing.run(job):
+            outcome = await _run_handler(app, attempt, ctx)
     except asyncio.CancelledError:
         outcome = _after_cancel(attempt)
         if outcome is None:

@@ -17,7 +17,7 @@ from backburner.errors import (
 )
 from backburner.models import JobStatus, Progress
 
-from ._support import T0, claim_one, enqueue, new_job, opened, snapshot
+from ._support import LEASE, T0, claim_one, enqueue, new_job, opened, snapshot
 
 
 async def test_enqueue_stores_every_field(backend: Backend) -> None:
@@ -250,3 +250,15 @@ async def test_without_a_bound_the_queue_takes_many_jobs(backend: Backend) -> No
     for i in range(50):
         await enqueue(backend, payload={"i": i})
     assert (await backend.stats(now=T0)).counts[JobStatus.QUEUED] == 50
+
+
+async def test_the_trace_context_is_kept_with_the_job(backend: Backend) -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    job = await enqueue(backend, traceparent=parent)
+    assert job.traceparent == parent
+    stored = await backend.get(job.task_id)
+    assert stored is not None and stored.traceparent == parent
+    (claimed,) = await backend.claim("w1", limit=1, now=T0, lease_s=LEASE)
+    assert claimed.traceparent == parent
+    plain = await enqueue(backend)
+    assert (await backend.get(plain.task_id)).traceparent is None  # type: ignore[union-attr]
