@@ -73,6 +73,9 @@ class Settings:
     despite the SSRF guard. Empty: only public addresses. For tests and local development."""
     webhook_concurrency: int = 100
     """Webhook messages one worker process delivers at once."""
+    admin_webhook_url: str | None = None
+    """Where workers POST a signed ``task.dead_lettered`` alert for each job that fails for
+    good (best effort, retried on the webhook schedule while the worker runs)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -112,6 +115,10 @@ class Settings:
         if self.max_queue_size is not None and self.max_queue_size <= 0:
             raise ConfigurationError("max_queue_size must be > 0 (or unset for no bound)")
         self.retry_schedule()  # fails loudly on a bad schedule
+        if self.admin_webhook_url is not None and not self.admin_webhook_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigurationError("admin_webhook_url must be an http:// or https:// URL")
         if self.webhook_secret is not None:
             from .webhooks.signing import check_secrets
 

@@ -95,6 +95,8 @@ class Metrics:
             "Webhook attempts by outcome: delivered, retry (it will be tried again), failed.",
             ("outcome",),
         )
+        for outcome in ("delivered", "retry", "failed"):  # so rate() sees the first one
+            self.webhook_deliveries.labels(outcome)
         self.webhook_latency = Histogram(
             "backburner_webhook_delivery_seconds",
             "Duration of one webhook attempt.",

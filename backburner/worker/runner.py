@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
+from ..webhooks.alerts import DeadLetterAlerts
 from ..webhooks.dispatcher import WebhookDispatcher
 from .attempt import CANCELLED, LEASE_LOST, SHUTDOWN, Attempt, execute
 from .sweeper import sweep_once
@@ -98,6 +99,10 @@ class Worker:
         self.app.hooks.hooks.append(poke)
         dispatch_stop = asyncio.Event()
         dispatching = asyncio.create_task(dispatcher.run(dispatch_stop))
+        admin_url = self.settings.admin_webhook_url
+        alerts = DeadLetterAlerts(self.app, admin_url) if admin_url else None
+        if alerts is not None:
+            self.app.hooks.hooks.append(alerts)
         try:
             await self._heartbeat()
             background = [
@@ -113,6 +118,9 @@ class Worker:
             dispatch_stop.set()
             await asyncio.gather(dispatching, return_exceptions=True)
             self.app.hooks.hooks.remove(poke)
+            if alerts is not None:
+                self.app.hooks.hooks.remove(alerts)
+                await alerts.aclose(self.settings.webhook_timeout_s)
             stop_waiter.cancel()
             for task in background:
                 task.cancel()

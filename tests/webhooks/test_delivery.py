@@ -281,3 +281,23 @@ async def test_an_endless_answer_is_not_read_to_the_end(hooks: Receiver, make: A
     (message,) = await bb.webhooks(job.task_id)
     assert message.status is WebhookStatus.DELIVERED
     assert (message.attempts[0].latency_ms or 0) < 5000
+
+
+async def test_an_admin_alert_is_posted_for_each_dead_lettered_job(
+    hooks: Receiver, make: Any
+) -> None:
+    bb = await make(admin_webhook_url=hooks.url("/admin"))
+    async with running_worker(bb):
+        failed = await bb.enqueue("broken")
+        ok = await bb.enqueue("echo")
+        (alert,) = await asyncio.to_thread(hooks.state.wait_for, "/admin", 1)
+        await bb.wait(ok.task_id, timeout=30)
+    verify(SECRET, alert.headers, alert.body)
+    body = json.loads(alert.body)
+    assert (body["type"], body["task_id"], body["task_type"]) == (
+        "task.dead_lettered",
+        failed.task_id,
+        "broken",
+    )
+    assert body["error"]["type"] == "ValueError" and body["attempts"] == 1
+    assert len(hooks.state.at("/admin")) == 1  # nothing for the job that completed
