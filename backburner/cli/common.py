@@ -24,12 +24,12 @@ T = TypeVar("T")
 
 BackendOption = Annotated[
     str | None,
-    typer.Option("--backend", "-b", help="Backend URL [env BACKBURNER_BACKEND_URL]."),
+    typer.Option("--backend", "-b", help="Backend URL \\[env BACKBURNER_BACKEND_URL]."),
 ]
 ModelsOption = Annotated[
     str | None,
     typer.Option(
-        "--models", help="Model routing file (TOML) or inline JSON [env BACKBURNER_MODELS]."
+        "--models", help="Model routing file (TOML) or inline JSON \\[env BACKBURNER_MODELS]."
     ),
 ]
 UrlOption = Annotated[
