@@ -27,12 +27,29 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 def model_of(job: Job) -> str:
     """The model a job used (its usage says; else its input asked), or "" for other tasks."""
-    if job.usage is not None:
-        model = (job.usage.model_extra or {}).get("model")
+    if job.usage is not None and job.usage.model_extra:
+        model = job.usage.model_extra.get("model")
         if isinstance(model, str):
             return model
     asked = job.input.get("model")
     return asked if isinstance(asked, str) else ""
+
+
+class _Children:
+    """A metric's labelled children, kept in a plain dict: ``labels()`` validates and locks
+    on every call, and the hooks below run for every job."""
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class Metrics:
@@ -148,48 +165,61 @@ class Metrics:
 
 
 class _MetricsHook(Hooks):
-    def __init__(self, metrics: Metrics) -> None:
-        self.m = metrics
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+        self.submitted = _Children(m.submitted)
+        self.started = _Children(m.started)
+        self.queue_latency = _Children(m.queue_latency)
+        self.retries = _Children(m.retries)
+        self.completed = _Children(m.completed)
+        self.failed = _Children(m.failed)
+        self.cancelled = _Children(m.cancelled)
+        self.duration = _Children(m.duration)
+        self.input_tokens = _Children(m.input_tokens)
+        self.output_tokens = _Children(m.output_tokens)
+        self.cost = _Children(m.cost)
+        self.first_token = _Children(m.first_token)
 
     async def on_enqueue(self, job: Job) -> None:
-        self.m.submitted.labels(job.type).inc()
+        self.submitted(job.type).inc()
 
     async def on_start(self, job: Job) -> None:
-        self.m.started.labels(job.type).inc()
+        self.started(job.type).inc()
         if job.started_at is not None:
             due = max(job.created_at, job.run_at)
-            self.m.queue_latency.labels(job.type).observe(max(0.0, job.started_at - due))
+            self.queue_latency(job.type).observe(max(0.0, job.started_at - due))
 
     async def on_retry(self, job: Job, error: ErrorInfo) -> None:
-        self.m.retries.labels(job.type, error.type).inc()
+        self.retries(job.type, error.type).inc()
 
     async def on_complete(self, job: Job) -> None:
         model = model_of(job)
-        self.m.completed.labels(job.type, model).inc()
+        self.completed(job.type, model).inc()
         self._duration(job, model, "completed")
-        usage: dict[str, Any] = job.usage.model_dump() if job.usage is not None else {}
-        if model or usage.get("input_tokens") or usage.get("output_tokens"):
-            self.m.input_tokens.labels(model).inc(usage.get("input_tokens", 0))
-            self.m.output_tokens.labels(model).inc(usage.get("output_tokens", 0))
-        cost = usage.get("cost_usd")
+        usage = job.usage
+        if usage is None:
+            return
+        if model or usage.input_tokens or usage.output_tokens:
+            self.input_tokens(model).inc(usage.input_tokens)
+            self.output_tokens(model).inc(usage.output_tokens)
+        extra = usage.model_extra or {}
+        cost = extra.get("cost_usd")
         if isinstance(cost, int | float) and cost > 0:
-            self.m.cost.labels(model).inc(cost)
-        ttft = usage.get("time_to_first_token_s")
+            self.cost(model).inc(cost)
+        ttft = extra.get("time_to_first_token_s")
         if isinstance(ttft, int | float):
-            self.m.first_token.labels(model).observe(ttft)
+            self.first_token(model).observe(ttft)
 
     async def on_fail(self, job: Job) -> None:
         error_type = job.error.type if job.error is not None else "unknown"
-        self.m.failed.labels(job.type, error_type).inc()
+        self.failed(job.type, error_type).inc()
         self._duration(job, model_of(job), "failed")
 
     async def on_cancel(self, job: Job) -> None:
-        self.m.cancelled.labels(job.type).inc()
+        self.cancelled(job.type).inc()
 
     def _duration(self, job: Job, model: str, outcome: str) -> None:
         if job.finished_at is None or not job.history:
             return
         started = job.history[-1].started_at
-        self.m.duration.labels(job.type, model, outcome).observe(
-            max(0.0, job.finished_at - started)
-        )
+        self.duration(job.type, model, outcome).observe(max(0.0, job.finished_at - started))
