@@ -44,11 +44,13 @@ class HookChain:
 
     async def enqueue(self, job: Job) -> None:
         for hook in self.hooks:
-            await _call(hook.on_enqueue(job), "on_enqueue")
+            if _overrides(hook, "on_enqueue"):
+                await _call(hook.on_enqueue(job), "on_enqueue")
 
     async def start(self, job: Job) -> None:
         for hook in self.hooks:
-            await _call(hook.on_start(job), "on_start")
+            if _overrides(hook, "on_start"):
+                await _call(hook.on_start(job), "on_start")
 
     async def retry(self, job: Job, error: ErrorInfo) -> None:
         for hook in self.hooks:
@@ -56,15 +58,24 @@ class HookChain:
 
     async def complete(self, job: Job) -> None:
         for hook in self.hooks:
-            await _call(hook.on_complete(job), "on_complete")
+            if _overrides(hook, "on_complete"):
+                await _call(hook.on_complete(job), "on_complete")
 
     async def fail(self, job: Job) -> None:
         for hook in self.hooks:
-            await _call(hook.on_fail(job), "on_fail")
+            if _overrides(hook, "on_fail"):
+                await _call(hook.on_fail(job), "on_fail")
 
     async def cancel(self, job: Job) -> None:
         for hook in self.hooks:
-            await _call(hook.on_cancel(job), "on_cancel")
+            if _overrides(hook, "on_cancel"):
+                await _call(hook.on_cancel(job), "on_cancel")
+
+
+def _overrides(hook: Hooks, name: str) -> bool:
+    """Whether ``hook`` has its own ``name`` (the defaults do nothing: not worth a call,
+    which every job pays)."""
+    return getattr(type(hook), name) is not getattr(Hooks, name)
 
 
 async def _call(call: Awaitable[None], name: str) -> None:

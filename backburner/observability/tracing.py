@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from ..models import Job, WebhookDelivery
 
 SCOPE = "backburner"
+_RECHECK_S = 1.0
+"""How often a Tracing without a provider of its own looks whether a global one was set."""
 
 
 class Tracing:
@@ -34,6 +37,8 @@ class Tracing:
             return
         self._trace = trace
         self._explicit = provider is not None
+        self._global_set = False
+        self._checked_at = -_RECHECK_S
         self._tracer = trace.get_tracer(SCOPE, tracer_provider=provider)
         self._propagator = TraceContextTextMapPropagator()
 
@@ -46,7 +51,12 @@ class Tracing:
             return False
         if self._explicit:
             return True
-        return not isinstance(self._trace.get_tracer_provider(), self._trace.ProxyTracerProvider)
+        now = time.monotonic()
+        if now - self._checked_at > _RECHECK_S:  # get_tracer_provider() reads os.environ
+            provider = self._trace.get_tracer_provider()
+            self._global_set = not isinstance(provider, self._trace.ProxyTracerProvider)
+            self._checked_at = now
+        return self._global_set
 
     def current_traceparent(self) -> str | None:
         """The W3C ``traceparent`` of the current span (None if there is none)."""
