@@ -335,10 +335,18 @@ class Backburner:
         return job
 
     async def submit(
-        self, task: str, input: dict[str, Any] | None = None, **options: Any
+        self,
+        task: str,
+        input: dict[str, Any] | None = None,
+        *,
+        caller_traceparent: str | None = None,
+        **options: Any,
     ) -> tuple[Job, bool]:
-        """Like enqueue, and also say whether the job is new (False: an idempotent repeat)."""
-        with self.tracing.submit(task) as span:
+        """Like enqueue, and also say whether the job is new (False: an idempotent repeat).
+
+        ``caller_traceparent``: the W3C trace context of the request that asked for the job
+        (the API passes its ``traceparent`` header), for the job's spans to join."""
+        with self.tracing.submit(task, caller_traceparent) as span:
             traceparent = self.tracing.current_traceparent()
             new = self.build_job(task, input, traceparent=traceparent, **options)
             await self.connect()

@@ -43,39 +43,43 @@ class HookChain:
         self.hooks = list(hooks)
 
     async def enqueue(self, job: Job) -> None:
-        for hook in self.hooks:
+        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
             if _overrides(hook, "on_enqueue"):
                 await _call(hook.on_enqueue(job), "on_enqueue")
 
     async def start(self, job: Job) -> None:
-        for hook in self.hooks:
+        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
             if _overrides(hook, "on_start"):
                 await _call(hook.on_start(job), "on_start")
 
     async def retry(self, job: Job, error: ErrorInfo) -> None:
-        for hook in self.hooks:
-            await _call(hook.on_retry(job, error), "on_retry")
+        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
+            if _overrides(hook, "on_retry"):
+                await _call(hook.on_retry(job, error), "on_retry")
 
     async def complete(self, job: Job) -> None:
-        for hook in self.hooks:
+        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
             if _overrides(hook, "on_complete"):
                 await _call(hook.on_complete(job), "on_complete")
 
     async def fail(self, job: Job) -> None:
-        for hook in self.hooks:
+        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
             if _overrides(hook, "on_fail"):
                 await _call(hook.on_fail(job), "on_fail")
 
     async def cancel(self, job: Job) -> None:
-        for hook in self.hooks:
+        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
             if _overrides(hook, "on_cancel"):
                 await _call(hook.on_cancel(job), "on_cancel")
 
 
 def _overrides(hook: Hooks, name: str) -> bool:
-    """Whether ``hook`` has its own ``name`` (the defaults do nothing: not worth a call,
-    which every job pays)."""
-    return getattr(type(hook), name) is not getattr(Hooks, name)
+    """Whether ``hook`` has its own ``name``, on its class or the instance (the defaults do
+    nothing: not worth a call, which every job pays)."""
+    method = getattr(hook, name, None)
+    if method is None:
+        return False
+    return getattr(method, "__func__", method) is not getattr(Hooks, name)
 
 
 async def _call(call: Awaitable[None], name: str) -> None:

@@ -103,6 +103,7 @@ class Api:
             payload,
             idempotency_key=key,
             request_fingerprint=fingerprint(request.url.path, body),
+            caller_traceparent=request.headers.get("traceparent"),
             **options,
         )
         typical = await self.estimator.estimate(task, model)

@@ -44,14 +44,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """backburner's own handler: the one configure_logging replaces, and nothing else."""
+
+
 def configure_logging(level: int, *, json_lines: bool | None = None) -> None:
-    """Set up the root logger: JSON lines unless stderr is a terminal (or ``json_lines``
-    says otherwise)."""
-    use_json = not sys.stderr.isatty() if json_lines is None else json_lines
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(_READABLE))
+    """Log to stderr: JSON lines unless it is a terminal (or ``json_lines`` says otherwise).
+
+    Only when the root logger has no handler of someone else's (a fresh process, as the CLI
+    is): an application or test runner that set up logging keeps its own."""
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(old)
+    if root.handlers:
+        return
+    use_json = not sys.stderr.isatty() if json_lines is None else json_lines
+    handler = _Handler()
+    handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(_READABLE))
     root.addHandler(handler)
     root.setLevel(level)

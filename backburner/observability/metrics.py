@@ -26,13 +26,13 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 
 
 def model_of(job: Job) -> str:
-    """The model a job used (its usage says; else its input asked), or "" for other tasks."""
+    """The model a job used, as its usage says (a routed model's name), or "". Never what
+    the input asked for: a client could make any number of series."""
     if job.usage is not None and job.usage.model_extra:
         model = job.usage.model_extra.get("model")
         if isinstance(model, str):
             return model
-    asked = job.input.get("model")
-    return asked if isinstance(asked, str) else ""
+    return ""
 
 
 class _Children:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     from ..models import Job, WebhookDelivery
 
 SCOPE = "backburner"
-_RECHECK_S = 1.0
-"""How often a Tracing without a provider of its own looks whether a global one was set."""
 
 
 class Tracing:
@@ -38,7 +35,6 @@ class Tracing:
         self._trace = trace
         self._explicit = provider is not None
         self._global_set = False
-        self._checked_at = -_RECHECK_S
         self._tracer = trace.get_tracer(SCOPE, tracer_provider=provider)
         self._propagator = TraceContextTextMapPropagator()
 
@@ -51,11 +47,10 @@ class Tracing:
             return False
         if self._explicit:
             return True
-        now = time.monotonic()
-        if now - self._checked_at > _RECHECK_S:  # get_tracer_provider() reads os.environ
-            provider = self._trace.get_tracer_provider()
-            self._global_set = not isinstance(provider, self._trace.ProxyTracerProvider)
-            self._checked_at = now
+        if not self._global_set:
+            # OpenTelemetry's global provider can be set once; until then this is None.
+            # (get_tracer_provider() would read os.environ on every call.)
+            self._global_set = getattr(self._trace, "_TRACER_PROVIDER", None) is not None
         return self._global_set
 
     def current_traceparent(self) -> str | None:
@@ -67,19 +62,27 @@ class Tracing:
         return carrier.get("traceparent")
 
     def _parent(self, traceparent: str | None) -> Any:
+        """The context to start a job's span in: its stored trace, or a new one (never the
+        worker's own current span)."""
         if traceparent is None:
-            return None
+            from opentelemetry.context import Context
+
+            return Context()
         return self._propagator.extract({"traceparent": traceparent})
 
     @contextlib.contextmanager
-    def submit(self, task_type: str) -> Iterator[Any]:
-        """The span of an enqueue (a producer); yields it, or None."""
+    def submit(self, task_type: str, caller_traceparent: str | None = None) -> Iterator[Any]:
+        """The span of an enqueue (a producer), in the caller's trace if its W3C
+        ``traceparent`` is given (an HTTP request's header); yields it, or None."""
         if not self.enabled:
             yield None
             return
         kind = self._trace.SpanKind.PRODUCER
         name = f"backburner.submit {task_type}"
-        with self._tracer.start_as_current_span(name, kind=kind) as span:
+        context = None
+        if caller_traceparent is not None:
+            context = self._propagator.extract({"traceparent": caller_traceparent})
+        with self._tracer.start_as_current_span(name, context=context, kind=kind) as span:
             span.set_attribute("backburner.task.type", task_type)
             yield span
 
@@ -97,18 +100,27 @@ class Tracing:
         span.end(end_time=int(max(due, job.started_at) * 1e9))
 
     @contextlib.contextmanager
-    def run(self, job: Job) -> Iterator[None]:
-        """The span of one attempt (current while the handler runs)."""
+    def run(self, job: Job) -> Iterator[Any]:
+        """The span of one attempt (current while the handler runs); yields it, or None."""
         if not self.enabled:
-            yield
+            yield None
             return
         with self._tracer.start_as_current_span(
             f"backburner.run {job.type}",
             context=self._parent(job.traceparent),
             kind=self._trace.SpanKind.CONSUMER,
             attributes=_job_attributes(job),
-        ):
-            yield
+        ) as span:
+            yield span
+
+    def failed(self, span: Any, error_type: str, message: str) -> None:
+        """Mark ``span`` (from ``run``) as an attempt that failed."""
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", error_type)
+        span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"[:500]))
 
     @contextlib.contextmanager
     def llm_call(

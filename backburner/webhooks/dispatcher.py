@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from ..errors import UnsafeURLError
+from ..errors import BackburnerError, UnsafeURLError
 from ..hooks import Hooks
 from ..models import (
     PROGRESS_EVENT,
@@ -164,8 +164,13 @@ class WebhookDispatcher:
         tracing = self.app.tracing
         body = message.body
         job = None
-        if body is None or tracing.enabled:
+        if body is None:
             job = await backend.get(message.task_id)
+        elif tracing.enabled:
+            try:
+                job = await backend.get(message.task_id)
+            except BackburnerError:  # the trace is not worth a failed delivery
+                job = None
         if body is None:
             body = webhook_body(message, job)
         with tracing.webhook(message, job.traceparent if job is not None else None) as span:

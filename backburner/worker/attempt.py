@@ -59,8 +59,10 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
     app.tracing.queue_wait(job)
     try:
         await app.hooks.start(job)
-        with app.tracing.run(job):
+        with app.tracing.run(job) as span:
             outcome = await _run_handler(app, attempt, ctx)
+            if isinstance(outcome, Fail | RetryAt):
+                app.tracing.failed(span, outcome.error.type, outcome.error.message)
     except asyncio.CancelledError:
         outcome = _after_cancel(attempt)
         if outcome is None:
