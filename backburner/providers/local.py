@@ -19,7 +19,9 @@ from .base import GenerationRequest, Message, Usage
 
 INSTALL_HINT = "pip install 'backburner[local]'"
 _LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
-CHAT_STOPS = ("\nUser:", "\nAssistant:", "\nSystem:", "\nTool:")
+CHAT_STOPS = ("\nUser:", "\nAssistant:", "\nSystem:", "\nTool:", "\n\n")
+EXAMPLE_TURN = "User: What is the capital of France?\nAssistant: The capital of France is Paris."
+"""One example exchange: a base model answers the next question instead of echoing it."""
 
 
 def local_available() -> bool:
@@ -44,7 +46,7 @@ def default_model_path() -> str:
 def chat_prompt(messages: tuple[Message, ...]) -> str:
     """A transcript a base (not instruction-tuned) model continues as the assistant's turn."""
     system = "\n".join(m.content for m in messages if m.role == "system")
-    lines = [system or "A conversation with a helpful, concise assistant.", ""]
+    lines = [system or "A conversation with a helpful, concise assistant.", "", EXAMPLE_TURN]
     for m in messages:
         if m.role != "system":
             lines.append(f"{_LABELS.get(m.role, 'User')}: {m.content.strip()}")

@@ -32,7 +32,11 @@ def test_chat_messages_become_a_transcript_the_base_model_continues() -> None:
     prompt = chat_prompt(
         (Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello."))
     )
-    assert prompt == "Be brief.\n\nUser: Hi\nAssistant: Hello.\nAssistant:"
+    assert prompt == (
+        "Be brief.\n\n"
+        "User: What is the capital of France?\nAssistant: The capital of France is Paris.\n"
+        "User: Hi\nAssistant: Hello.\nAssistant:"
+    )
 
 
 async def test_the_local_model_writes_real_text_in_a_job(tmp_path: Path) -> None:
@@ -44,7 +48,7 @@ async def test_the_local_model_writes_real_text_in_a_job(tmp_path: Path) -> None
         job = await bb.enqueue(
             "generate",
             {
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "messages": [{"role": "user", "content": "Who wrote Romeo and Juliet?"}],
                 "model": "local",
                 "max_tokens": 24,
                 "temperature": 0,
@@ -56,7 +60,7 @@ async def test_the_local_model_writes_real_text_in_a_job(tmp_path: Path) -> None
     assert done.result is not None and done.result["provider"] == "local"
     assert done.result["simulated"] is False
     text = done.result["text"]
-    assert "Paris" in text, text
+    assert "Shakespeare" in text, text
     assert "".join(tokens) == text
     usage = done.usage.model_dump() if done.usage else {}
     assert usage["input_tokens"] > 5 and 0 < usage["output_tokens"] <= 24
