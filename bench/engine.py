@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import report  # noqa: E402  (bench/report.py, beside this file)
 from report import summarise  # noqa: E402
 
-from backburner import Backburner, Hooks, Job, JobContext, Settings  # noqa: E402
+from backburner import Backburner, JobContext, Settings  # noqa: E402
 
 
 def make_app(url: str, **settings: Any) -> Backburner:
@@ -49,24 +49,12 @@ def make_app(url: str, **settings: Any) -> Backburner:
     return bb
 
 
-class CountCompletions(Hooks):
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.done = 0
-        self.reached = asyncio.Event()
-
-    async def on_complete(self, job: Job) -> None:
-        self.done += 1
-        if self.done >= self.target:
-            self.reached.set()
-
-
 # -- children: one worker process per scenario ------------------------------------------------
 
 
 async def child_worker(url: str, target: int, concurrency: int) -> None:
     """Run a worker until ``target`` jobs completed (0: until killed); print a JSON line."""
-    counter = CountCompletions(target)
+    counter = report.CountCompletions(target)
     bb = make_app(url)
     bb.hooks.hooks.append(counter)
     await bb.connect()

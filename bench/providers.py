@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 from report import summarise  # noqa: E402
 
-from backburner import Backburner, Hooks, Job, Settings  # noqa: E402
+from backburner import Backburner, Settings  # noqa: E402
 from backburner.builtin import install_builtin_tasks  # noqa: E402
 from backburner.providers import GenerationRequest, ModelRouter, Usage  # noqa: E402
 
@@ -147,18 +147,6 @@ def scenario_overhead(tokens: int = 5000, rounds: int = 5) -> dict[str, float]:
 # -- 10,000 simulated generations in one worker process -------------------------------------------
 
 
-class CountCompletions(Hooks):
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.done = 0
-        self.reached = asyncio.Event()
-
-    async def on_complete(self, job: Job) -> None:
-        self.done += 1
-        if self.done >= self.target:
-            self.reached.set()
-
-
 def make_app(url: str) -> Backburner:
     bb = Backburner(url, settings=Settings(backend_url=url), models=ModelRouter(SIM_MODELS))
     install_builtin_tasks(bb)
@@ -166,7 +154,7 @@ def make_app(url: str) -> Backburner:
 
 
 async def child_worker(url: str, target: int) -> None:
-    counter = CountCompletions(target)
+    counter = report.CountCompletions(target)
     bb = make_app(url)
     bb.hooks.hooks.append(counter)
     written = 0

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from backburner import Hooks, Job
+
 Results = dict[str, dict[str, float]]
 
 
@@ -34,6 +36,20 @@ def backend_url(name: str = "bench") -> Iterator[str]:
         from backburner.backends.redis import delete_all_keys
 
         asyncio.run(delete_all_keys(redis_url, prefix))
+
+
+class CountCompletions(Hooks):
+    """A hook whose ``reached`` is set once ``target`` jobs completed in this process."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.done = 0
+        self.reached = asyncio.Event()
+
+    async def on_complete(self, job: Job) -> None:
+        self.done += 1
+        if self.done >= self.target:
+            self.reached.set()
 
 
 def peak_rss_mb() -> float:

@@ -79,3 +79,15 @@ async def backend(backend_kind: str, tmp_path: Path) -> AsyncIterator[Backend]:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A backend URL that processes can share: a SQLite file, or a fresh prefix on Redis."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+        return
+    require_redis()
+    prefix = "test-" + uuid.uuid4().hex[:12]
+    yield f"{REDIS_TEST_URL}?prefix={prefix}"
+    await drop_redis_keys(RedisBackend(REDIS_TEST_URL, prefix=prefix))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from backburner import Backburner, Settings
 from backburner.worker import Worker
@@ -58,3 +62,40 @@ async def running_worker(bb: Backburner, **options: object) -> AsyncIterator[Wor
     finally:
         worker.shutdown()
         await asyncio.wait_for(task, 30)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class WorkerProcesses:
+    """The ``backburner worker`` subprocesses of one test, each logging to a file in
+    ``log_dir``; ``stop()`` ends every one still running."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log_path = self.log_dir / f"worker-{len(self.procs)}.log"
+        with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "backburner", "worker", *args],
+                cwd=ROOT,
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, *, graceful: bool = False) -> None:
+        """SIGKILL (or, with ``graceful``, SIGTERM first and SIGKILL after 15 s) and reap."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate() if graceful else proc.kill()
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -47,18 +47,28 @@ def live_server(
     }
     config = Settings(**{**base, **settings})
     app = create_app(config, backburner=backburner, run_worker=run_worker)
+    with serve_in_thread(app, log_level="warning", lifespan="on") as (server, thread):
+        yield LiveServer(server, thread, config)
+
+
+@contextmanager
+def serve_in_thread(
+    app: Any, *, port: int = 0, name: str = "uvicorn", log_level: str = "critical", **config: Any
+) -> Iterator[tuple[uvicorn.Server, threading.Thread]]:
+    """Run an ASGI app under uvicorn on 127.0.0.1 (``port`` 0: a free one) in a thread of
+    this process, from when it listens until exit."""
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level=log_level, **config)
     )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
+            raise RuntimeError(f"the {name} server did not start")
         time.sleep(0.01)
     try:
-        yield LiveServer(server, thread, config)
+        yield server, thread
     finally:
         server.should_exit = True
         thread.join(30)

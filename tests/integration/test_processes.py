@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 
 from backburner import Backburner, Job, JobStatus, Settings
-from backburner.backends.redis import RedisBackend
 
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
-from ..helpers import eventually
+from ..helpers import WorkerProcesses, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -27,24 +22,12 @@ pytestmark = pytest.mark.slow
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}"
-        return
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
-    yield f"{REDIS_TEST_URL}?prefix={prefix}"
-    await drop_redis_keys(RedisBackend(REDIS_TEST_URL, prefix=prefix))
-
-
 @pytest.fixture
 def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
-    procs: list[subprocess.Popen[bytes]] = []
-    logs: list[BinaryIO] = []
+    workers = WorkerProcesses(tmp_path)
 
     def start(*, concurrency: int = 10, **settings: float) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "BACKBURNER_BACKEND_URL": db_url}
+        env = {"BACKBURNER_BACKEND_URL": db_url}
         base = {
             "lease_s": 2.0,
             "heartbeat_s": 0.5,
@@ -54,33 +37,10 @@ def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
         }
         for name, value in {**base, **settings}.items():
             env[f"BACKBURNER_{name.upper()}"] = str(value)
-        log = (tmp_path / f"worker-{len(procs)}.log").open("wb")
-        logs.append(log)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "backburner",
-                "worker",
-                "tests.workerapp:bb",
-                "--concurrency",
-                str(concurrency),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        procs.append(proc)
-        return proc
+        return workers.start("tests.workerapp:bb", "--concurrency", str(concurrency), env=env)
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    for log in logs:
-        log.close()
+    workers.stop()
 
 
 @pytest.fixture

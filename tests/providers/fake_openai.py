@@ -24,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..live_server import serve_in_thread
+
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
 
 
@@ -156,22 +158,8 @@ class FakeOpenAI:
 def fake_openai() -> Iterator[FakeOpenAI]:
     """Serve the fake on 127.0.0.1 and a free port, in a thread, until exit."""
     state = FakeState()
-    config = uvicorn.Config(
-        build_app(state), host="127.0.0.1", port=0, log_level="critical", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="fake-openai", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the fake OpenAI server did not start")
-        time.sleep(0.01)
-    try:
+    with serve_in_thread(build_app(state), name="fake-openai", lifespan="off") as (server, _):
         yield FakeOpenAI(server, state)
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def main() -> None:

@@ -5,43 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from backburner import Backburner, JobStatus, Settings
-from backburner.backends.redis import RedisBackend
 from backburner.builtin import install_builtin_tasks
 from backburner.providers import ModelRouter
 from backburner.providers.slots import slot_key
 
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
-from ..helpers import eventually
+from ..helpers import WorkerProcesses, eventually
 from .fake_openai import FakeOpenAI
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 LEASE_S = 2.0
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}"
-        return
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
-    yield f"{REDIS_TEST_URL}?prefix={prefix}"
-    await drop_redis_keys(RedisBackend(REDIS_TEST_URL, prefix=prefix))
 
 
 def capped_models(fake: FakeOpenAI, upstream: str, limit: int, tmp_path: Path) -> Path:
@@ -53,38 +37,20 @@ def capped_models(fake: FakeOpenAI, upstream: str, limit: int, tmp_path: Path) -
 
 @pytest.fixture
 def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
-    procs: list[subprocess.Popen[bytes]] = []
+    workers = WorkerProcesses(tmp_path)
 
     def start(concurrency: int = 5) -> subprocess.Popen[bytes]:
         env = {
-            **os.environ,
             "BACKBURNER_BACKEND_URL": db_url,
             "BACKBURNER_MODELS": str(tmp_path / "models.json"),
             "BACKBURNER_LEASE_S": str(LEASE_S),
             "BACKBURNER_HEARTBEAT_S": "0.5",
             "BACKBURNER_SWEEP_INTERVAL_S": "0.2",
         }
-        with (tmp_path / f"worker-{len(procs)}.log").open("wb") as log:  # the child has a copy
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "backburner", "worker", "--concurrency", str(concurrency)],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        procs.append(proc)
-        return proc
+        return workers.start("--concurrency", str(concurrency), env=env)
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    workers.stop(graceful=True)
 
 
 def client(db_url: str, models: Path) -> Backburner:

@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from ..live_server import serve_in_thread
+
 
 @dataclass
 class Received:
@@ -120,24 +122,13 @@ def free_port() -> int:
 def receiver(port: int = 0, state: ReceiverState | None = None) -> Iterator[Receiver]:
     """Serve a receiver on 127.0.0.1 (``port`` 0: a free one), in a thread, until exit."""
     state = state or ReceiverState()
-    config = uvicorn.Config(
-        build_app(state), host="127.0.0.1", port=port, log_level="critical", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="webhook-receiver", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the webhook receiver did not start")
-        time.sleep(0.01)
-    bound = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Receiver(server, state, bound)
-    finally:
-        for plan in state.plans.values():
-            for answer in plan:
-                if answer.hold is not None:
-                    answer.hold.set()
-        server.should_exit = True
-        thread.join(30)
+    app = build_app(state)
+    with serve_in_thread(app, port=port, name="webhook-receiver", lifespan="off") as (server, _):
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield Receiver(server, state, bound)
+        finally:
+            for plan in state.plans.values():
+                for answer in plan:
+                    if answer.hold is not None:
+                        answer.hold.set()

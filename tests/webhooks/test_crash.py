@@ -3,73 +3,43 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import threading
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from backburner import Backburner, Settings
-from backburner.backends.redis import RedisBackend
 from backburner.builtin import install_builtin_tasks
 from backburner.models import WebhookStatus
 
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
-from ..helpers import eventually
+from ..helpers import WorkerProcesses, eventually
 from .conftest import SECRET
 from .receiver import Answer, Receiver
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 Spawn = Callable[[], subprocess.Popen[bytes]]
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}"
-        return
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
-    yield f"{REDIS_TEST_URL}?prefix={prefix}"
-    await drop_redis_keys(RedisBackend(REDIS_TEST_URL, prefix=prefix))
-
-
 @pytest.fixture
 def spawn(db_url: str, tmp_path: Path) -> Iterator[Spawn]:
-    procs: list[subprocess.Popen[bytes]] = []
+    workers = WorkerProcesses(tmp_path)
 
     def start() -> subprocess.Popen[bytes]:
         env = {
-            **os.environ,
             "BACKBURNER_BACKEND_URL": db_url,
             "BACKBURNER_WEBHOOK_SECRET": SECRET,
             "BACKBURNER_WEBHOOK_ALLOW_HOSTS": "127.0.0.0/8",
-            "BACKBURNER_WEBHOOK_TIMEOUT_S": "1",  # a claimed message's lease: 3 s
+            "BACKBURNER_WEBHOOK_TIMEOUT_S": "1",  # a claimed message's lease: 7 s
             "BACKBURNER_WEBHOOK_RETRY_SCHEDULE": "0,0.2,0.2,0.2,0.2",
             "BACKBURNER_SWEEP_INTERVAL_S": "0.2",
         }
-        with (tmp_path / f"worker-{len(procs)}.log").open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "backburner", "worker", "--concurrency", "4"],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        procs.append(proc)
-        return proc
+        return workers.start("--concurrency", "4", env=env)
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+    workers.stop()
 
 
 async def test_a_worker_killed_mid_delivery_does_not_lose_the_webhook(
