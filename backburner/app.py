@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .backends import Backend, Page, backend_from_url
-from .backends.base import NewJob, fingerprint, new_task_id
+from .backends.base import DEFAULT_TENANT, NewJob, check_tenant, fingerprint, new_task_id
 from .clock import Clock, SystemClock
 from .errors import (
     ConfigurationError,
@@ -27,6 +27,7 @@ from .providers.job_llm import LimitSettings
 from .providers.routing import ModelRouter
 from .settings import Settings
 from .tasks import Handler, TaskDefinition
+from .tenants import TenantPolicies
 from .webhooks.ssrf import check_url
 from .worker.retry import RetryPolicy
 from .worker.sweeper import SweepReport, sweep_once
@@ -110,6 +111,11 @@ class Backburner:
         """Prometheus metrics of this process (``GET /metrics``; docs/metrics.md)."""
         self.hooks = HookChain([self.metrics.hook(), *hooks])
         self.clock: Clock = clock or SystemClock()
+        self.tenants = TenantPolicies.from_source(self.settings.tenants)
+        """Each tenant's limits and fair-share weight (the ``tenants`` setting)."""
+        self.priority_classes = self.settings.priority_class_map()
+        for name, value in self.priority_classes.items():
+            self._check_priority(value, ConfigurationError, f"priority class {name!r}")
         self.retry_policy = RetryPolicy(
             base_s=self.settings.retry_base_s,
             cap_s=self.settings.retry_cap_s,
@@ -218,22 +224,33 @@ class Backburner:
     # -- producers ---------------------------------------------------------------------------
 
     @staticmethod
-    def _check_priority(priority: object, error: type[Exception] = InvalidInputError) -> int:
+    def _check_priority(
+        priority: object, error: type[Exception] = InvalidInputError, what: str = "priority"
+    ) -> int:
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise error(f"priority must be an integer, got {priority!r}")
+            raise error(f"{what} must be an integer, got {priority!r}")
         if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
             raise error(
-                f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX} (higher runs first),"
+                f"{what} must be within {PRIORITY_MIN}..{PRIORITY_MAX} (higher runs first),"
                 f" got {priority}"
             )
         return priority
+
+    def priority_of(self, priority: int | str) -> int:
+        """A priority given as a number or by the name of a class (``interactive``, ``batch``)."""
+        if isinstance(priority, str):
+            if priority not in self.priority_classes:
+                known = ", ".join(f"{k}={v}" for k, v in self.priority_classes.items())
+                raise InvalidInputError(f"unknown priority class {priority!r} (known: {known})")
+            return self.priority_classes[priority]
+        return self._check_priority(priority)
 
     def build_job(
         self,
         task: str,
         input: dict[str, Any] | None = None,
         *,
-        priority: int | None = None,
+        priority: int | str | None = None,
         idempotency_key: str | None = None,
         ttl: float | None = None,
         max_attempts: int | None = None,
@@ -246,11 +263,13 @@ class Backburner:
         webhook_progress: bool = False,
         request_fingerprint: str | None = None,
         traceparent: str | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> NewJob:
         """Validate an enqueue request and return what would be stored (stores nothing).
 
         ``request_fingerprint`` replaces the default (task and input) as what an idempotency
-        key must match: the HTTP API passes a digest of the whole request body.
+        key must match: the HTTP API passes a digest of the whole request body. Idempotency
+        keys are per tenant: another tenant's use of the same key is a different job.
         """
         definition = self.tasks.get(task) if isinstance(task, str) else None
         if definition is None:
@@ -259,7 +278,8 @@ class Backburner:
         payload = _json_object("input", input)
         definition.check_input(payload)
         meta = _json_object("metadata", metadata)
-        priority = self._check_priority(definition.priority if priority is None else priority)
+        priority = self.priority_of(definition.priority if priority is None else priority)
+        check_tenant(tenant)
         ttl_s = ttl if ttl is not None else (definition.ttl_s or self.settings.default_ttl_s)
         _positive("ttl", ttl_s, allow_none=False)
         if max_attempts is not None and not _is_count(max_attempts):
@@ -316,20 +336,28 @@ class Backburner:
             timeout_s=timeout_s,
             deadline_at=None if deadline_s is None else now + deadline_s,
             ttl_s=float(ttl_s),
-            idempotency_key=idempotency_key,
+            idempotency_key=(
+                idempotency_key
+                if idempotency_key is None or tenant == DEFAULT_TENANT
+                else f"{tenant}/{idempotency_key}"
+            ),
             metadata=meta,
             webhook_url=webhook_url,
             webhook_progress=webhook_progress,
             traceparent=traceparent,
+            tenant=tenant,
+            fair_cost=self.tenants.policy(tenant).fair_cost,
         )
 
     async def enqueue(self, task: str, input: dict[str, Any] | None = None, **options: Any) -> Job:
         """Validate and store a job; return it (status ``queued``).
 
-        Options: priority, idempotency_key, ttl, max_attempts, timeout, deadline, delay,
-        run_at, metadata, webhook_url, webhook_progress. Raises a ``backburner.errors``
-        exception on bad input (nothing stored), IdempotencyConflictError, QueueFullError or
-        BackendError.
+        Options: priority (a number, or a class name such as ``interactive``), idempotency_key,
+        ttl, max_attempts, timeout, deadline, delay, run_at, metadata, webhook_url,
+        webhook_progress, tenant (whose quota and fair share the job counts in). Raises a
+        ``backburner.errors`` exception on bad input (nothing stored),
+        IdempotencyConflictError, QueueFullError, QuotaExceededError, SubmitRateLimitedError
+        or BackendError.
         """
         job, _ = await self.submit(task, input, **options)
         return job
@@ -350,30 +378,39 @@ class Backburner:
             traceparent = self.tracing.current_traceparent()
             new = self.build_job(task, input, traceparent=traceparent, **options)
             await self.connect()
-            job, created = await self.backend.enqueue(new)
+            quota = self.tenants.policy(new.tenant).quota()
+            job, created = await self.backend.enqueue(new, quota=quota)
             if span is not None:
                 span.set_attribute("backburner.task_id", job.task_id)
+                span.set_attribute("backburner.tenant", job.tenant)
             if created:
                 await self.hooks.enqueue(job)
             return job, created
 
     # -- readers -----------------------------------------------------------------------------
+    #
+    # Every call about one job takes ``tenant``: given, a job of another tenant is answered
+    # exactly like a missing one (JobNotFoundError); None (library code, admins) sees all.
 
-    async def get(self, task_id: str) -> Job:
-        """The job; JobNotFoundError if it does not exist or expired."""
+    async def get(self, task_id: str, *, tenant: str | None = None) -> Job:
+        """The job; JobNotFoundError if it does not exist, expired or is another tenant's."""
         await self.connect()
         job = await self.backend.get(task_id)
-        if job is None:
+        if job is None or (tenant is not None and job.tenant != tenant):
             raise JobNotFoundError(task_id)
         return job
 
-    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+    async def events(
+        self, task_id: str, *, after: int = 0, limit: int = 1000, tenant: str | None = None
+    ) -> list[Event]:
         """The job's events with seq > ``after``, oldest first. JobNotFoundError if no job."""
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise InvalidInputError("after must be an integer >= 0")
         if not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidInputError("limit must be within 1..10000")
         await self.connect()
+        if tenant is not None:
+            await self.get(task_id, tenant=tenant)
         events = await self.backend.events(task_id, after=after, limit=limit)
         if not events and await self.backend.get(task_id) is None:
             raise JobNotFoundError(task_id)
@@ -386,8 +423,10 @@ class Backburner:
         type: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        tenant: str | None = None,
     ) -> Page:
-        """Jobs newest first; pass ``page.next_cursor`` for the next page."""
+        """Jobs newest first (``tenant``'s only, if given); pass ``page.next_cursor`` for the
+        next page."""
         if status is not None:
             try:
                 status = JobStatus(status)
@@ -396,11 +435,20 @@ class Backburner:
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise InvalidInputError("limit must be within 1..1000")
         await self.connect()
-        return await self.backend.list_jobs(status=status, type=type, limit=limit, cursor=cursor)
+        return await self.backend.list_jobs(
+            status=status, type=type, tenant=tenant, limit=limit, cursor=cursor
+        )
 
-    async def dead_letters(self, *, limit: int = 50, cursor: str | None = None) -> Page:
+    async def dead_letters(
+        self, *, limit: int = 50, cursor: str | None = None, tenant: str | None = None
+    ) -> Page:
         """The dead-letter queue: failed jobs, newest first, each with its attempt history."""
-        return await self.list(status=JobStatus.FAILED, limit=limit, cursor=cursor)
+        return await self.list(status=JobStatus.FAILED, limit=limit, cursor=cursor, tenant=tenant)
+
+    async def in_flight(self, tenant: str = DEFAULT_TENANT) -> int:
+        """How many of the tenant's jobs are queued or processing (what its quota bounds)."""
+        await self.connect()
+        return await self.backend.tenant_in_flight(check_tenant(tenant))
 
     async def wait(self, task_id: str, *, timeout: float | None = None) -> Job:
         """Poll until the job is terminal; TimeoutError after ``timeout`` seconds."""
@@ -415,31 +463,41 @@ class Backburner:
 
     # -- control -----------------------------------------------------------------------------
 
-    async def cancel(self, task_id: str) -> Job:
+    async def cancel(self, task_id: str, *, tenant: str | None = None) -> Job:
         """Cancel a job now: queued ones never run; running ones are stopped within a second.
 
         Idempotent: cancelling a terminal job returns it unchanged.
         """
         await self.connect()
         before = await self.backend.get(task_id)
+        if before is None or (tenant is not None and before.tenant != tenant):
+            raise JobNotFoundError(task_id)
         job, changed = await self.backend.cancel(task_id, now=self.clock.now())
         if changed:
-            if before is not None and before.status == JobStatus.PROCESSING:
+            if before.status == JobStatus.PROCESSING:
                 for worker in self._workers:  # a worker in this process can stop it at once
                     worker.cancel_local(task_id, before.fence)
             await self.hooks.cancel(job)
         return job
 
-    async def webhooks(self, task_id: str) -> builtins.list[WebhookDelivery]:
+    async def webhooks(
+        self, task_id: str, *, tenant: str | None = None
+    ) -> builtins.list[WebhookDelivery]:
         """The job's webhook messages and every delivery attempt. JobNotFoundError if none."""
         await self.connect()
+        if tenant is not None:
+            await self.get(task_id, tenant=tenant)
         return await self.backend.webhook_deliveries(task_id)
 
-    async def redeliver_webhook(self, task_id: str) -> WebhookDelivery:
+    async def redeliver_webhook(
+        self, task_id: str, *, tenant: str | None = None
+    ) -> WebhookDelivery:
         """Send the job's webhook again (same webhook-id and body), now.
 
         InvalidTransitionError if the job has none (no webhook_url, or not finished)."""
         await self.connect()
+        if tenant is not None:
+            await self.get(task_id, tenant=tenant)
         message = await self.backend.redeliver_webhook(task_id, now=self.clock.now())
         self.poke_webhooks()
         return message
@@ -449,20 +507,24 @@ class Backburner:
         for worker in self._workers:
             worker.dispatcher.poke()
 
-    async def replay(self, task_id: str, *, max_attempts: int | None = None) -> Job:
+    async def replay(
+        self, task_id: str, *, max_attempts: int | None = None, tenant: str | None = None
+    ) -> Job:
         """Re-queue a dead-lettered (failed) job with a fresh attempt budget; keeps history."""
         await self.connect()
         if max_attempts is not None and not _is_count(max_attempts):
             raise InvalidInputError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        job = await self.get(task_id)
+        job = await self.get(task_id, tenant=tenant)
         definition = self.tasks.get(job.type)
         budget = max_attempts or (definition.max_attempts if definition else None)
         budget = budget or self.settings.default_max_attempts
         return await self.backend.replay(task_id, now=self.clock.now(), extra_attempts=budget)
 
-    async def delete(self, task_id: str) -> None:
+    async def delete(self, task_id: str, *, tenant: str | None = None) -> None:
         """Delete a terminal job and its events now. JobNotFoundError if missing."""
         await self.connect()
+        if tenant is not None:
+            await self.get(task_id, tenant=tenant)
         if not await self.backend.delete(task_id):
             raise JobNotFoundError(task_id)
 

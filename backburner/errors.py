@@ -13,6 +13,12 @@ The tree::
     ├── JobNotFoundError            no such job (never existed, or deleted by its TTL)
     ├── IdempotencyConflictError    same idempotency key, different input
     ├── QueueFullError              the backend's queue-size bound is reached
+    ├── LimitExceededError          a tenant's limit refused a submission (.retry_after)
+    │   ├── QuotaExceededError      its jobs in flight (queued + processing) are at its quota
+    │   └── SubmitRateLimitedError  it submitted faster than its per-minute rate
+    ├── AuthError                   no API key, or one the API does not know (401)
+    │   ├── MalformedAuthError      the Authorization header is not "Bearer <key>" (400)
+    │   └── PermissionDeniedError   the key may not do that: an admin-only route (403)
     ├── InvalidTransitionError      the job's state does not allow that (delete a running job)
     ├── LeaseLostError              a worker wrote with a stale attempt (fencing)
     ├── APIError                    the HTTP API answered an error (client; .status .type .message)
@@ -95,6 +101,54 @@ class IdempotencyConflictError(BackburnerError):
 
 class QueueFullError(BackburnerError):
     """The backend holds as many queued jobs as its max_queue_size allows."""
+
+
+class LimitExceededError(BackburnerError):
+    """A tenant's limit refused a submission; nothing was stored. ``retry_after`` is how many
+    seconds until trying again may succeed (None: unknown)."""
+
+    def __init__(self, message: str, *, tenant: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.tenant = tenant
+        self.retry_after = retry_after
+
+
+class QuotaExceededError(LimitExceededError):
+    """The tenant has as many jobs queued or processing as its ``max_in_flight`` allows."""
+
+    def __init__(self, tenant: str, limit: int, *, retry_after: float | None = None) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {limit} jobs in flight, its limit (max_in_flight);"
+            " wait for one to finish",
+            tenant=tenant,
+            retry_after=retry_after,
+        )
+        self.limit = limit
+
+
+class SubmitRateLimitedError(LimitExceededError):
+    """The tenant submitted more jobs than its ``submissions_per_minute`` allows."""
+
+    def __init__(self, tenant: str, per_minute: int, *, retry_after: float) -> None:
+        super().__init__(
+            f"tenant {tenant!r} may submit {per_minute} jobs a minute;"
+            f" try again in {retry_after:.3g} s",
+            tenant=tenant,
+            retry_after=retry_after,
+        )
+        self.per_minute = per_minute
+
+
+class AuthError(BackburnerError):
+    """The API refused the caller: no key, or a key it does not know (it never says which)."""
+
+
+class MalformedAuthError(AuthError):
+    """The Authorization header is there but is not ``Bearer <key>``."""
+
+
+class PermissionDeniedError(AuthError):
+    """The caller's key is valid but may not do this (an admin-only route)."""
 
 
 class InvalidTransitionError(BackburnerError):

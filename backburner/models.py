@@ -90,6 +90,8 @@ class Job(BaseModel):
     """Also send a ``task.progress`` webhook as progress is reported (at most one waits)."""
     traceparent: str | None = None
     """The W3C trace context of whoever enqueued the job: its spans join that trace."""
+    tenant: str = "default"
+    """Who submitted the job (the API key's tenant); only that tenant and admins see it."""
     expires_at: float | None = None
     timeout_s: float | None = None
     deadline_at: float | None = None

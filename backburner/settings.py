@@ -76,6 +76,19 @@ class Settings:
     admin_webhook_url: str | None = None
     """Where workers POST a signed ``task.dead_lettered`` alert for each job that fails for
     good (best effort, retried on the webhook schedule while the worker runs)."""
+    api_keys: str | None = None
+    """API keys and their tenants, comma-separated ``TENANT:KEY`` (or ``TENANT:sha256:HEX``,
+    the key's SHA-256, to keep the key itself out of the environment)."""
+    admin_keys: str | None = None
+    """Admin keys (DLQ, stats, every tenant's jobs), in the form of ``api_keys``."""
+    keys_file: str | None = None
+    """A JSON file of key hashes, written by ``backburner keys create``; re-read when it
+    changes. With no key from here or the two settings above, the API is open (keyless)."""
+    tenants: str | None = None
+    """Per-tenant limits and weights: a TOML or JSON file's path, or inline JSON (see
+    backburner/tenants.py). None: the built-in defaults."""
+    priority_classes: str = "interactive=10,default=0,batch=-10"
+    """Names a job's priority may be given by, ``name=number`` comma-separated."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -115,6 +128,7 @@ class Settings:
         if self.max_queue_size is not None and self.max_queue_size <= 0:
             raise ConfigurationError("max_queue_size must be > 0 (or unset for no bound)")
         self.retry_schedule()  # fails loudly on a bad schedule
+        self.priority_class_map()
         if self.admin_webhook_url is not None and not self.admin_webhook_url.startswith(
             ("http://", "https://")
         ):
@@ -139,6 +153,23 @@ class Settings:
                 f" (the first attempt goes at once), got {self.webhook_retry_schedule!r}"
             )
         return delays
+
+    def priority_class_map(self) -> dict[str, int]:
+        """``priority_classes`` as {name: priority} (ConfigurationError if malformed)."""
+        classes: dict[str, int] = {}
+        for part in self.priority_classes.split(","):
+            name, sep, number = part.strip().partition("=")
+            try:
+                value = int(number)
+            except ValueError:
+                value = None
+            if not sep or not name.strip().isidentifier() or value is None:
+                raise ConfigurationError(
+                    "priority_classes must be name=integer pairs, comma-separated"
+                    f" (e.g. interactive=10,batch=-10), got {self.priority_classes!r}"
+                )
+            classes[name.strip()] = value
+        return classes
 
     def webhook_retention_s(self) -> float:
         """How long a job with a webhook must stay for its last retry: the schedule (with

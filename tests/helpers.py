@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -67,19 +68,28 @@ async def running_worker(bb: Backburner, **options: object) -> AsyncIterator[Wor
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on (bound, then closed, then used at once)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 class WorkerProcesses:
-    """The ``backburner worker`` subprocesses of one test, each logging to a file in
-    ``log_dir``; ``stop()`` ends every one still running."""
+    """The ``backburner worker`` (or ``command``) subprocesses of one test, each logging to a
+    file in ``log_dir``; ``stop()`` ends every one still running."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log_path = self.log_dir / f"worker-{len(self.procs)}.log"
+    def start(
+        self, *args: str, env: dict[str, str], command: str = "worker"
+    ) -> subprocess.Popen[bytes]:
+        log_path = self.log_dir / f"{command}-{len(self.procs)}.log"
         with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen(
-                [sys.executable, "-m", "backburner", "worker", *args],
+                [sys.executable, "-m", "backburner", command, *args],
                 cwd=ROOT,
                 env={**os.environ, **env},
                 stdout=log,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
@@ -140,3 +141,42 @@ async def test_ctx_llm_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     tokens = [e.data for e in await bb.events(job.task_id) if e.type == "token"]
     assert sum(t["tokens"] for t in tokens) == 32
     assert "".join(t["text"] for t in tokens) == done.result["text"]
+
+
+def test_tenant_keys_example_against_a_live_server(tmp_path: Path) -> None:
+    create, serve, curl = [
+        line.split("#")[0].strip() for line in block(BASH, "keys create").splitlines()
+    ]
+    assert serve.startswith("backburner serve")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    made = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", f"{create}; echo $KEY"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    keys_file = tmp_path / "backburner-keys.json"
+    assert key.startswith("bb_") and key not in keys_file.read_text()
+    with live_server(tmp_path, keys_file=str(keys_file)) as server:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", curl.replace(DEFAULT_URL, server.url)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "KEY": key},
+        )
+        refused = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", curl.replace(DEFAULT_URL, server.url)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "KEY": "bb_not-a-key"},
+        )
+    assert done.returncode == 0, done.stderr
+    usage = json.loads(done.stdout)
+    assert (usage["tenant"], usage["max_in_flight"], usage["in_flight"]) == ("acme", 5, 0)
+    assert json.loads(refused.stdout)["error"]["type"] == "unauthorized"

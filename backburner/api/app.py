@@ -60,6 +60,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.api = api
+    app.state.keys = api.keys
     router = build_router(api)
     install_error_handlers(app, router.routes)
     app.include_router(router)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,13 +14,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 
 from ..errors import (
+    AuthError,
     BackburnerError,
     BackendError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
     JobNotFoundError,
+    LimitExceededError,
+    MalformedAuthError,
+    PermissionDeniedError,
     QueueFullError,
+    QuotaExceededError,
+    SubmitRateLimitedError,
     UnknownTaskError,
 )
 from .schemas import ErrorBody
@@ -28,6 +35,11 @@ log = logging.getLogger("backburner.api")
 
 # Library exceptions, most specific first: (class, HTTP status, error type).
 _MAPPING: list[tuple[type[BackburnerError], int, str]] = [
+    (MalformedAuthError, 400, "invalid_authorization"),
+    (PermissionDeniedError, 403, "forbidden"),
+    (AuthError, 401, "unauthorized"),
+    (QuotaExceededError, 429, "quota_exceeded"),
+    (SubmitRateLimitedError, 429, "rate_limited"),
     (UnknownTaskError, 422, "unknown_task"),
     (InvalidInputError, 422, "invalid_input"),
     (JobNotFoundError, 404, "not_found"),
@@ -85,6 +97,10 @@ def install_error_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
         for cls, status, type_ in _MAPPING:
             if isinstance(exc, cls):
                 headers = {"Retry-After": "5"} if status in (429, 503) else None
+                if isinstance(exc, LimitExceededError) and exc.retry_after is not None:
+                    headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+                if status == 401:
+                    headers = {"WWW-Authenticate": 'Bearer realm="backburner"'}
                 if status >= 500:
                     log.warning("%s %s: %s", request.method, request.url.path, exc)
                 return error_response(status, type_, str(exc), headers)

@@ -11,11 +11,13 @@ from fastapi.responses import StreamingResponse
 from ..app import Backburner
 from ..backends.base import fingerprint
 from ..builtin import GENERATE, prompt_chars
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, PermissionDeniedError, QuotaExceededError
 from ..jsoncodec import depth
+from ..keys import KeyRing, Principal
 from ..models import Job, JobStatus, WebhookDelivery
 from ..observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..settings import Settings
+from .auth import Caller, require_admin, scope
 from .errors import documented
 from .estimates import DurationEstimator, poll_after
 from .events import EventHub, event_stream
@@ -27,6 +29,7 @@ from .schemas import (
     JobView,
     StatsView,
     TaskCreate,
+    UsageView,
     WebhookList,
     WorkerView,
 )
@@ -73,6 +76,7 @@ class Api:
         self.settings = settings
         self.estimator = DurationEstimator(bb)
         self.hub = EventHub(bb.backend)
+        self.keys = KeyRing(settings)
 
     async def view_of(self, job: Job) -> JobView:
         typical, remaining = await self.estimator.for_job(job)
@@ -89,6 +93,7 @@ class Api:
         self,
         request: Request,
         response: Response,
+        caller: Principal,
         task: str,
         payload: dict[str, Any],
         body: dict[str, Any],
@@ -98,14 +103,21 @@ class Api:
     ) -> Accepted:
         if key is not None and not _KEY.match(key):
             raise InvalidInputError("Idempotency-Key must be 1..255 printable ASCII characters")
-        job, created = await self.bb.submit(
-            task,
-            payload,
-            idempotency_key=key,
-            request_fingerprint=fingerprint(request.url.path, body),
-            caller_traceparent=request.headers.get("traceparent"),
-            **options,
-        )
+        try:
+            job, created = await self.bb.submit(
+                task,
+                payload,
+                idempotency_key=key,
+                request_fingerprint=fingerprint(request.url.path, body),
+                caller_traceparent=request.headers.get("traceparent"),
+                tenant=caller.tenant,
+                **options,
+            )
+        except QuotaExceededError as exc:
+            # A place frees when one of the tenant's jobs ends: about a typical run from now.
+            typical = await self.estimator.estimate(task, model)
+            exc.retry_after = float(poll_after(typical if typical is not None else 5.0))
+            raise
         typical = await self.estimator.estimate(task, model)
         poll_url = f"/v1/tasks/{job.task_id}"
         response.status_code = 202 if created else 200
@@ -129,17 +141,23 @@ def build_router(api: Api) -> APIRouter:
         "/v1/tasks",
         status_code=202,
         response_model=Accepted,
-        responses=documented(400, 409, 413, 422, 429, 503, also=REPEAT),
+        responses=authed(400, 409, 413, 422, 429, 503, also=REPEAT),
         tags=["tasks"],
     )
     async def create_task(
-        body: TaskCreate, request: Request, response: Response, key: IdempotencyKey = None
+        body: TaskCreate,
+        request: Request,
+        response: Response,
+        caller: Caller,
+        key: IdempotencyKey = None,
     ) -> Accepted:
-        """Submit a job; answers at once with its id and where to poll or stream it."""
+        """Submit a job; answers at once with its id and where to poll or stream it. 429 with
+        Retry-After when the tenant is at its quota of jobs in flight or its submission rate."""
         api.check_json(body.input, body.metadata)
         return await api.submit(
             request,
             response,
+            caller,
             body.type,
             body.input,
             body.model_dump(mode="json"),
@@ -159,22 +177,27 @@ def build_router(api: Api) -> APIRouter:
         "/v1/generate",
         status_code=202,
         response_model=Accepted,
-        responses=documented(400, 409, 413, 422, 429, 503, also=REPEAT),
+        responses=authed(400, 409, 413, 422, 429, 503, also=REPEAT),
         tags=["tasks"],
     )
     async def generate(
-        body: GenerateCreate, request: Request, response: Response, key: IdempotencyKey = None
+        body: GenerateCreate,
+        request: Request,
+        response: Response,
+        caller: Caller,
+        key: IdempotencyKey = None,
     ) -> Accepted:
         """Generate text with a configured model (``model`` omitted: the default model)."""
         api.check_json(body.metadata)
         messages = [m.model_dump() for m in body.messages] if body.messages else None
         chars = prompt_chars(body.prompt, messages)
-        if chars > settings.max_prompt_chars:
-            raise InvalidInputError(
-                f"the prompt has {chars} characters; the limit is {settings.max_prompt_chars}"
-            )
-        if body.max_tokens > settings.max_tokens_limit:
-            raise InvalidInputError(f"max_tokens is limited to {settings.max_tokens_limit}")
+        policy = bb.tenants.policy(caller.tenant)
+        max_chars = min(settings.max_prompt_chars, policy.max_prompt_chars or 1 << 62)
+        max_tokens = min(settings.max_tokens_limit, policy.max_tokens or 1 << 62)
+        if chars > max_chars:
+            raise InvalidInputError(f"the prompt has {chars} characters; the limit is {max_chars}")
+        if body.max_tokens > max_tokens:
+            raise InvalidInputError(f"max_tokens is limited to {max_tokens}")
         model = body.model or bb.models.default_model
         if model not in bb.models.routes:
             known = ", ".join(sorted(bb.models.routes))
@@ -191,6 +214,7 @@ def build_router(api: Api) -> APIRouter:
         return await api.submit(
             request,
             response,
+            caller,
             GENERATE,
             payload,
             body.model_dump(mode="json"),
@@ -205,13 +229,13 @@ def build_router(api: Api) -> APIRouter:
     @router.get(
         "/v1/tasks/{task_id}",
         response_model=JobView,
-        responses=documented(404, 503),
+        responses=authed(404, 503),
         tags=["tasks"],
         name="get_task",
     )
-    async def get_task(task_id: str) -> Response:
+    async def get_task(task_id: str, caller: Caller) -> Response:
         """The job, with a poll hint: Retry-After and estimated_remaining_sec."""
-        view = await api.view_of(await bb.get(task_id))
+        view = await api.view_of(await bb.get(task_id, tenant=scope(caller)))
         hint = None if view.status.is_terminal else str(poll_after(view.estimated_remaining_sec))
         # Already a valid model: serialise it once, skipping FastAPI's second validation.
         return Response(
@@ -220,15 +244,26 @@ def build_router(api: Api) -> APIRouter:
             headers={"Retry-After": hint} if hint else None,
         )
 
-    @router.get("/v1/tasks", response_model=JobList, responses=documented(422, 503), tags=["tasks"])
+    @router.get(
+        "/v1/tasks", response_model=JobList, responses=authed(403, 422, 503), tags=["tasks"]
+    )
     async def list_tasks(
+        caller: Caller,
         status: JobStatus | None = None,
         type: Annotated[str | None, Query(max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Cursor = None,
+        tenant: Annotated[str | None, Query(max_length=64, description="Admins only.")] = None,
     ) -> JobList:
-        """Jobs, newest first; follow next_cursor for more."""
-        page = await bb.list(status=status, type=type, limit=limit, cursor=cursor)
+        """Your jobs (an admin's: every tenant's, or ``tenant``'s), newest first; follow
+        next_cursor for more."""
+        page = await bb.list(
+            status=status,
+            type=type,
+            limit=limit,
+            cursor=cursor,
+            tenant=_listing_scope(caller, tenant),
+        )
         views = []
         for job in page.jobs:
             typical, remaining = await api.estimator.for_job(job)
@@ -237,13 +272,14 @@ def build_router(api: Api) -> APIRouter:
 
     @router.get(
         "/v1/tasks/{task_id}/events",
-        responses=documented(404, 422, 503, also=SSE),
+        responses=authed(404, 422, 503, also=SSE),
         response_class=StreamingResponse,
         tags=["tasks"],
         name="stream_events",
     )
     async def stream_events(
         task_id: str,
+        caller: Caller,
         last_event_id: LastEventId = None,
         after: Annotated[
             int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq.")
@@ -251,7 +287,7 @@ def build_router(api: Api) -> APIRouter:
     ) -> StreamingResponse:
         """Server-sent events: the job's log from the start (or after Last-Event-ID / ?after=),
         then live until its terminal event; a keep-alive comment every 15 s."""
-        await bb.get(task_id)  # 404 before the stream starts
+        await bb.get(task_id, tenant=scope(caller))  # 404 before the stream starts
         start = after or 0
         if last_event_id is not None and last_event_id.strip():  # empty: from the start
             if not _EVENT_ID.fullmatch(last_event_id.strip()):
@@ -267,48 +303,50 @@ def build_router(api: Api) -> APIRouter:
     @router.post(
         "/v1/tasks/{task_id}/cancel",
         response_model=JobView,
-        responses=documented(404, 503),
+        responses=authed(404, 503),
         tags=["tasks"],
     )
-    async def cancel_task(task_id: str) -> JobView:
+    async def cancel_task(task_id: str, caller: Caller) -> JobView:
         """Cancel now (idempotent): a queued job never runs, a running one stops within 1 s."""
-        job = await bb.cancel(task_id)
+        job = await bb.cancel(task_id, tenant=scope(caller))
         return await api.view_of(job)
 
     @router.get(
         "/v1/tasks/{task_id}/webhooks",
         response_model=list[WebhookDelivery],
-        responses=documented(404, 503),
+        responses=authed(404, 503),
         tags=["webhooks"],
     )
-    async def webhook_log(task_id: str) -> list[WebhookDelivery]:
+    async def webhook_log(task_id: str, caller: Caller) -> list[WebhookDelivery]:
         """The job's webhook messages, each with every delivery attempt (time, status code,
         latency, error)."""
-        return await bb.webhooks(task_id)
+        return await bb.webhooks(task_id, tenant=scope(caller))
 
     @router.post(
         "/v1/tasks/{task_id}/webhooks/redeliver",
         status_code=202,
         response_model=WebhookDelivery,
-        responses=documented(404, 409, 503),
+        responses=authed(404, 409, 503),
         tags=["webhooks"],
     )
-    async def redeliver(task_id: str) -> WebhookDelivery:
+    async def redeliver(task_id: str, caller: Caller) -> WebhookDelivery:
         """Send the job's webhook again now (same webhook-id and body); 409 if it has none."""
-        return await bb.redeliver_webhook(task_id)
+        return await bb.redeliver_webhook(task_id, tenant=scope(caller))
 
     @router.get(
         "/v1/webhooks/failed",
         response_model=WebhookList,
-        responses=documented(422, 503),
+        responses=authed(403, 422, 503),
         tags=["webhooks"],
     )
     async def failed_webhooks(
+        caller: Caller,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: WebhookCursor = None,
     ) -> WebhookList:
         """Webhook messages that failed for good (every attempt refused, or 410 Gone), most
-        recent first; redeliver one with POST /v1/tasks/{id}/webhooks/redeliver."""
+        recent first; redeliver one with POST /v1/tasks/{id}/webhooks/redeliver. Admins only."""
+        require_admin(caller)
         await bb.connect()
         page, next_cursor = await bb.backend.failed_webhooks(limit=limit, cursor=cursor)
         return WebhookList(data=page, next_cursor=next_cursor)
@@ -316,38 +354,61 @@ def build_router(api: Api) -> APIRouter:
     @router.delete(
         "/v1/tasks/{task_id}",
         status_code=204,
-        responses=documented(404, 409, 503),
+        responses=authed(404, 409, 503),
         tags=["tasks"],
     )
-    async def delete_task(task_id: str) -> Response:
+    async def delete_task(task_id: str, caller: Caller) -> Response:
         """Delete a finished job and its events now (409 while it is queued or running)."""
-        await bb.delete(task_id)
+        await bb.delete(task_id, tenant=scope(caller))
         return Response(status_code=204)
 
-    @router.get("/v1/dlq", response_model=JobList, responses=documented(422, 503), tags=["dlq"])
+    @router.get("/v1/dlq", response_model=JobList, responses=authed(403, 422, 503), tags=["dlq"])
     async def dead_letters(
+        caller: Caller,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: Cursor = None,
+        tenant: Annotated[str | None, Query(max_length=64, description="Admins only.")] = None,
     ) -> JobList:
-        """Failed jobs, newest first, each with its attempt history."""
-        page = await bb.dead_letters(limit=limit, cursor=cursor)
+        """Your failed jobs (an admin's: every tenant's), newest first, each with its attempt
+        history."""
+        page = await bb.dead_letters(
+            limit=limit, cursor=cursor, tenant=_listing_scope(caller, tenant)
+        )
         views = [JobView.of(job, estimate=None, remaining=0.0) for job in page.jobs]
         return JobList(data=views, next_cursor=page.next_cursor)
 
     @router.post(
         "/v1/dlq/{task_id}/replay",
         response_model=JobView,
-        responses=documented(404, 409, 503),
+        responses=authed(404, 409, 503),
         tags=["dlq"],
     )
-    async def replay(task_id: str) -> JobView:
+    async def replay(task_id: str, caller: Caller) -> JobView:
         """Re-queue a failed job with a fresh attempt budget; its history is kept."""
-        job = await bb.replay(task_id)
+        job = await bb.replay(task_id, tenant=scope(caller))
         return await api.view_of(job)
 
-    @router.get("/v1/stats", response_model=StatsView, responses=documented(503), tags=["ops"])
-    async def stats() -> StatsView:
-        """Queue depth by priority, jobs processing, DLQ size, workers seen in the last minute."""
+    @router.get("/v1/usage", response_model=UsageView, responses=authed(503), tags=["tenants"])
+    async def usage(caller: Caller) -> UsageView:
+        """Your tenant, its jobs in flight and its limits (null: no limit)."""
+        policy = bb.tenants.policy(caller.tenant)
+        return UsageView(
+            tenant=caller.tenant,
+            admin=caller.admin,
+            in_flight=await bb.in_flight(caller.tenant),
+            max_in_flight=policy.max_in_flight,
+            submissions_per_minute=policy.submissions_per_minute,
+            weight=policy.weight,
+            max_prompt_chars=min(settings.max_prompt_chars, policy.max_prompt_chars or 1 << 62),
+            max_tokens=min(settings.max_tokens_limit, policy.max_tokens or 1 << 62),
+            priority_classes=bb.priority_classes,
+        )
+
+    @router.get("/v1/stats", response_model=StatsView, responses=authed(403, 503), tags=["ops"])
+    async def stats(caller: Caller) -> StatsView:
+        """Queue depth by priority, jobs processing, DLQ size, workers seen in the last minute.
+        Admins only."""
+        require_admin(caller)
         current = await bb.backend.stats(now=bb.clock.now())
         return StatsView(
             counts=current.counts,
@@ -385,3 +446,20 @@ def build_router(api: Api) -> APIRouter:
         return Health(status="ready")
 
     return router
+
+
+def authed(
+    *statuses: int, also: dict[int | str, dict[str, Any]] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """``documented`` for a route behind the API key: also 400 (a malformed Authorization
+    header) and 401 (no key, or an unknown one)."""
+    return documented(400, 401, *statuses, also=also)
+
+
+def _listing_scope(caller: Principal, tenant: str | None) -> str | None:
+    """Whose jobs a listing shows: the caller's own; an admin's, every tenant's or one's."""
+    if not caller.admin:
+        if tenant is not None and tenant != caller.tenant:
+            raise PermissionDeniedError("only an admin key may list another tenant's jobs")
+        return caller.tenant
+    return tenant

@@ -16,7 +16,15 @@ from ..models import (
     WebhookDelivery,
 )
 
-Priority = Field(default=None, ge=-100, le=100, description="Higher runs first (-100..100).")
+Priority = Field(
+    default=None,
+    description="Higher runs first: -100..100, or a class name (interactive, default, batch;"
+    " the priority_classes setting). Omitted: the task's own.",
+)
+PriorityValue = (
+    Annotated[int, Field(ge=-100, le=100)]
+    | Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+)
 WebhookUrl = Field(default=None, max_length=2048, pattern=r"^https?://")
 
 
@@ -27,7 +35,7 @@ class TaskCreate(BaseModel):
 
     type: str = Field(min_length=1, max_length=200, description="A registered task name.")
     input: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
-    priority: int | None = Priority
+    priority: PriorityValue | None = Priority
     webhook_url: str | None = WebhookUrl
     webhook_progress: bool = Field(
         default=False, description="Also POST task.progress to webhook_url as progress is reported."
@@ -64,7 +72,7 @@ class GenerateCreate(BaseModel):
     stop: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
         default=None, max_length=4, description="Up to 4 sequences that end the text."
     )
-    priority: int | None = Priority
+    priority: PriorityValue | None = Priority
     webhook_url: str | None = WebhookUrl
     webhook_progress: bool = Field(
         default=False, description="Also POST task.progress to webhook_url as progress is reported."
@@ -97,6 +105,7 @@ class JobView(BaseModel):
     type: str
     status: JobStatus
     priority: int
+    tenant: str = "default"
     input: dict[str, Any]
     created_at: float
     started_at: float | None
@@ -123,6 +132,7 @@ class JobView(BaseModel):
             type=job.type,
             status=job.status,
             priority=job.priority,
+            tenant=job.tenant,
             input=job.input,
             created_at=job.created_at,
             started_at=job.started_at,
@@ -164,6 +174,20 @@ class StatsView(BaseModel):
     webhooks: dict[str, int] = Field(
         default_factory=dict, description="Webhook messages by status: pending, delivered, failed."
     )
+
+
+class UsageView(BaseModel):
+    """GET /v1/usage: the caller's tenant, its jobs in flight and its limits."""
+
+    tenant: str
+    admin: bool
+    in_flight: int = Field(description="Your jobs queued or processing now.")
+    max_in_flight: int | None = Field(description="Beyond it a submission gets 429. null: none.")
+    submissions_per_minute: int | None = Field(description="null: no rate limit.")
+    weight: float = Field(description="Your fair share of the workers within a priority.")
+    max_prompt_chars: int
+    max_tokens: int
+    priority_classes: dict[str, int]
 
 
 class WebhookList(BaseModel):

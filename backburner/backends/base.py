@@ -77,6 +77,53 @@ def check_slot_args(
         raise InvalidInputError(f"a slot lease must be a number of seconds > 0, not {lease_s!r}")
 
 
+DEFAULT_TENANT = "default"
+"""The tenant of jobs submitted without one: library calls and the keyless API."""
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
+"""What a tenant name looks like (it appears in keys, logs and label values)."""
+
+FAIR_SCALE = 10_000
+"""The virtual time one job of a tenant of weight 1 costs (see ``fair_cost``)."""
+
+
+def check_tenant(name: str) -> str:
+    """``name`` if it is a valid tenant name, else InvalidInputError."""
+    if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
+        raise InvalidInputError(
+            f"a tenant name is 1-64 letters, digits or . _ : @ - (starting with a letter or"
+            f" digit), not {name!r}"
+        )
+    return name
+
+
+def fair_cost(weight: float) -> int:
+    """The virtual time one job of a tenant with this fair-share ``weight`` costs: a tenant of
+    weight 3 gets three jobs started for every one of a tenant of weight 1 while both wait.
+    InvalidInputError unless 0.01 <= weight <= 100 (so a cost is 100..1,000,000, and tags
+    stay exact integers in a double for billions of jobs)."""
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        or not math.isfinite(weight)
+        or not 0.01 <= weight <= 100
+    ):
+        raise InvalidInputError(f"a tenant weight must be between 0.01 and 100, not {weight!r}")
+    return max(1, round(FAIR_SCALE / weight))
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """The limits ``enqueue`` checks for the job's tenant, atomically with the insert, so
+    submissions through many API processes never overshoot them. None: no limit."""
+
+    max_in_flight: int | None = None
+    """Jobs of the tenant queued or processing (delayed and retrying jobs count)."""
+    per_minute: int | None = None
+    """Submissions a minute: a bucket of ``per_minute`` tokens, refilled continuously (GCRA);
+    only a submission that is stored takes a token."""
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """Everything needed to store a new job; built and validated by the engine."""
@@ -97,6 +144,9 @@ class NewJob:
     webhook_url: str | None = None
     webhook_progress: bool = False
     traceparent: str | None = None
+    tenant: str = DEFAULT_TENANT
+    fair_cost: int = FAIR_SCALE
+    """The virtual time this job costs its tenant in fair scheduling (``fair_cost(weight)``)."""
 
     def to_job(
         self, *, input: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None
@@ -116,6 +166,7 @@ class NewJob:
             webhook_url=self.webhook_url,
             webhook_progress=self.webhook_progress,
             traceparent=self.traceparent,
+            tenant=self.tenant,
             timeout_s=self.timeout_s,
             deadline_at=self.deadline_at,
             ttl_s=self.ttl_s,
@@ -197,13 +248,20 @@ class Backend(Protocol):
     async def close(self) -> None:
         """Release resources. Idempotent."""
 
-    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+    async def enqueue(self, job: NewJob, *, quota: Quota | None = None) -> tuple[Job, bool]:
         """Store a queued job and its first event; return (job, created).
 
-        Atomic. If ``job.idempotency_key`` names an existing job, nothing is stored and that
-        job is returned with created=False when its fingerprint matches, else
-        IdempotencyConflictError. QueueFullError when the queue-size bound is reached;
-        BackendError if ``job.task_id`` already exists (an existing job is never replaced).
+        Atomic, checks in this order: BackendError if ``job.task_id`` already exists (an
+        existing job is never replaced); if ``job.idempotency_key`` names an existing job,
+        nothing is stored and that job is returned with created=False when its fingerprint
+        matches, else IdempotencyConflictError (no quota is checked or charged for it);
+        QueueFullError when the queue-size bound is reached; QuotaExceededError (retry_after
+        None) when ``quota.max_in_flight`` of the tenant's jobs are queued or processing;
+        SubmitRateLimitedError (with the exact retry_after) when the tenant's per-minute
+        bucket is empty. Only a stored job takes a token from the bucket.
+
+        A job due at enqueue (run_at <= created_at) joins its tenant's fair-share line now;
+        a delayed one when it becomes due (see ``claim``).
         """
         ...
 
@@ -216,10 +274,12 @@ class Backend(Protocol):
         *,
         status: JobStatus | None = None,
         type: str | None = None,
+        tenant: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        """Jobs newest first, filtered; a pure read. Cursor pagination is stable under inserts.
+        """Jobs newest first, filtered (``tenant``: that tenant's only); a pure read. Cursor
+        pagination is stable under inserts.
 
         InvalidInputError for a cursor this backend did not hand out.
         """
@@ -240,10 +300,18 @@ class Backend(Protocol):
     ) -> list[Job]:
         """Atomically move up to ``limit`` due queued jobs to ``processing`` for this worker.
 
-        Only jobs whose type is in ``types`` (None: any type). Highest priority first, FIFO (by
-        run_at, then enqueue order) within a priority. Each claimed job gets attempts+1,
-        fence+1, a lease until now+lease_s, a history record and a status event. Two claimers
-        never get the same job.
+        Only jobs whose type is in ``types`` (None: any type). Highest priority first; within a
+        priority, tenants share by weighted fair queueing (start-time fair queueing): when a
+        job joins its tenant's line (at enqueue, a RetryAt or a replay if due then, else at
+        the first claim at or after its run_at, in (run_at, enqueue order)) it gets
+        the tag ``max(the tenant's last tag at that priority, the priority's clock) +
+        job.fair_cost``; jobs are claimed by (tag, enqueue order), and claiming moves the
+        priority's clock up to the largest tag claimed. So a tenant's jobs keep their order
+        (FIFO), a tenant that was idle gets no credit for it, and a new tenant's first job
+        waits behind at most one job's cost of each other tenant. A Release keeps the job's
+        tag, so a job handed back at shutdown is first again.
+        Each claimed job gets attempts+1, fence+1, a lease until now+lease_s, a history record
+        and a status event. Two claimers never get the same job.
         """
         ...
 
@@ -395,6 +463,11 @@ class Backend(Protocol):
 
     async def purge_expired(self, *, now: float, limit: int) -> int:
         """Delete up to ``limit`` terminal jobs whose expires_at <= now, with their events."""
+        ...
+
+    async def tenant_in_flight(self, tenant: str) -> int:
+        """How many of the tenant's jobs are queued or processing (what ``Quota.max_in_flight``
+        bounds). A pure read."""
         ...
 
     async def wait_for_jobs(

@@ -36,20 +36,22 @@ from ..models import (
     WebhookDelivery,
     WebhookStatus,
 )
+from .admission import FairClocks, check_quota
 from .base import (
     Complete,
     Fail,
     NewJob,
     Outcome,
     Page,
+    Quota,
     Release,
     RetryAt,
     Stats,
     WorkerInfo,
-    check_slot_args,
     parse_cursor,
 )
 from .memory_outbox import MemoryOutbox
+from .memory_slots import MemorySlots
 
 
 def _json_copy(value: Any) -> Any:
@@ -70,10 +72,13 @@ class _Stored:
     seq: int
     fingerprint: str
     job: Job
+    cost: int
+    tag: int | None = None
+    """Its fair-share tag while it waits in its tenant's line (None: not in line yet)."""
     events: list[Event] = field(default_factory=list)
 
 
-class MemoryBackend:
+class MemoryBackend(MemorySlots):
     """Backend held in this process's memory (``memory://``). For tests and demos only."""
 
     def __init__(self, *, max_queue_size: int | None = None) -> None:
@@ -87,6 +92,9 @@ class MemoryBackend:
         self._slots: dict[str, dict[str, float]] = {}
         """Slot key -> {holder: expires_at}; a key with no holders left is dropped."""
         self._outbox = MemoryOutbox()
+        self._fair = FairClocks()
+        self._rates: dict[str, float] = {}
+        """Tenant -> its submission bucket's theoretical arrival time (GCRA)."""
 
     async def connect(self) -> None:
         return None
@@ -134,7 +142,7 @@ class MemoryBackend:
 
     # -- producers ---------------------------------------------------------------------------
 
-    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+    async def enqueue(self, job: NewJob, *, quota: Quota | None = None) -> tuple[Job, bool]:
         if job.task_id in self._jobs:
             raise BackendError(f"a job with id {job.task_id} already exists")
         if job.idempotency_key is not None and job.idempotency_key in self._by_key:
@@ -149,11 +157,23 @@ class MemoryBackend:
                     f"the queue holds {queued} jobs, its limit (max_queue_size) is "
                     f"{self.max_queue_size}"
                 )
+        tat = check_quota(
+            job,
+            quota,
+            in_flight=self._in_flight(job.tenant),
+            tat=self._rates.get(job.tenant),
+            now=job.created_at,
+        )
         stored = _Stored(
             seq=next(self._seq),
             fingerprint=job.fingerprint,
             job=job.to_job(input=_json_copy(job.input), metadata=_json_copy(job.metadata)),
+            cost=job.fair_cost,
         )
+        if tat is not None:
+            self._rates[job.tenant] = tat
+        if job.run_at <= job.created_at:
+            stored.tag = self._fair.tag(job.tenant, job.priority, job.fair_cost)
         self._jobs[job.task_id] = stored
         if job.idempotency_key is not None:
             self._by_key[job.idempotency_key] = job.task_id
@@ -172,6 +192,7 @@ class MemoryBackend:
         *,
         status: JobStatus | None = None,
         type: str | None = None,
+        tenant: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -182,6 +203,7 @@ class MemoryBackend:
                 for s in self._jobs.values()
                 if (status is None or s.job.status == status)
                 and (type is None or s.job.type == type)
+                and (tenant is None or s.job.tenant == tenant)
                 and (below is None or s.seq < below)
             ),
             key=lambda s: -s.seq,
@@ -209,16 +231,20 @@ class MemoryBackend:
     ) -> list[Job]:
         if limit <= 0:
             return []
+        self._join_lines(now)
         due = [
-            (-s.job.priority, s.job.run_at, s.seq, s)
+            (-s.job.priority, s.tag, s.seq, s)
             for s in self._jobs.values()
             if s.job.status == JobStatus.QUEUED
+            and s.tag is not None
             and s.job.run_at <= now
             and (types is None or s.job.type in types)
         ]
         claimed: list[Job] = []
         for *_, stored in heapq.nsmallest(limit, due, key=lambda item: item[:3]):
             job = stored.job
+            assert stored.tag is not None
+            self._fair.claimed(job.priority, stored.tag)
             record = AttemptRecord(attempt=job.attempts + 1, worker_id=worker_id, started_at=now)
             self._update(
                 stored,
@@ -238,6 +264,26 @@ class MemoryBackend:
             )
             claimed.append(_copy(stored.job))
         return claimed
+
+    def _join_lines(self, now: float) -> None:
+        """Give the jobs that became due since they were queued their fair-share tags."""
+        due = sorted(
+            (s.job.run_at, s.seq, s)
+            for s in self._jobs.values()
+            if s.job.status == JobStatus.QUEUED and s.tag is None and s.job.run_at <= now
+        )
+        for *_, stored in due:
+            stored.tag = self._fair.tag(stored.job.tenant, stored.job.priority, stored.cost)
+
+    def _in_flight(self, tenant: str) -> int:
+        return sum(
+            1
+            for s in self._jobs.values()
+            if s.job.tenant == tenant and s.job.status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+        )
+
+    async def tenant_in_flight(self, tenant: str) -> int:
+        return self._in_flight(tenant)
 
     async def heartbeat(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
@@ -322,6 +368,9 @@ class MemoryBackend:
             self._outbox.write(stored.job, now)
         elif isinstance(outcome, RetryAt):
             error = outcome.error.model_dump()
+            stored.tag = None
+            if outcome.run_at <= now:
+                stored.tag = self._fair.tag(job.tenant, job.priority, stored.cost)
             self._update(
                 stored,
                 status=JobStatus.QUEUED,
@@ -391,6 +440,7 @@ class MemoryBackend:
             raise InvalidTransitionError(
                 f"only failed jobs can be replayed; job {task_id} is {job.status}"
             )
+        stored.tag = self._fair.tag(job.tenant, job.priority, stored.cost)  # due now
         self._update(
             stored,
             status=JobStatus.QUEUED,
@@ -547,45 +597,3 @@ class MemoryBackend:
             counts[JobStatus.FAILED],
             workers,
         )
-
-    # -- concurrency slots -------------------------------------------------------------------
-
-    def _live_holders(self, key: str, now: float) -> dict[str, float]:
-        """The holders of ``key`` whose lease has not ended, with the ended ones dropped."""
-        holders = self._slots.get(key, {})
-        for holder in [h for h, expires_at in holders.items() if expires_at <= now]:
-            del holders[holder]
-        return holders
-
-    async def acquire_slot(
-        self, key: str, holder: str, *, limit: int, lease_s: float, now: float
-    ) -> bool:
-        check_slot_args(key, holder, limit=limit, lease_s=lease_s)
-        holders = self._live_holders(key, now)
-        if holder not in holders and len(holders) >= limit:
-            return False  # limit >= 1, so ``holders`` is not empty: the key stays
-        self._slots[key] = holders
-        holders[holder] = now + lease_s
-        return True
-
-    async def renew_slot(self, key: str, holder: str, *, lease_s: float, now: float) -> bool:
-        check_slot_args(key, holder, lease_s=lease_s)
-        holders = self._live_holders(key, now)
-        if holder not in holders:
-            if not holders:
-                self._slots.pop(key, None)
-            return False
-        holders[holder] = now + lease_s
-        return True
-
-    async def release_slot(self, key: str, holder: str) -> None:
-        check_slot_args(key, holder)
-        holders = self._slots.get(key)
-        if holders is not None:
-            holders.pop(holder, None)
-            if not holders:
-                del self._slots[key]
-
-    async def slots_in_use(self, key: str, *, now: float) -> int:
-        check_slot_args(key)
-        return sum(1 for expires_at in self._slots.get(key, {}).values() if expires_at > now)

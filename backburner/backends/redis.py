@@ -28,6 +28,8 @@ from ..errors import (
     JobNotFoundError,
     LeaseLostError,
     QueueFullError,
+    QuotaExceededError,
+    SubmitRateLimitedError,
 )
 from ..jsoncodec import check_usage, encode
 from ..models import WEBHOOK_EVENTS, Event, Job, JobStatus, Progress
@@ -37,6 +39,7 @@ from .base import (
     NewJob,
     Outcome,
     Page,
+    Quota,
     Release,
     RetryAt,
     Stats,
@@ -53,7 +56,6 @@ from .redis_codec import (
     new_job_spec,
     number,
     priority_code,
-    run_code,
 )
 from .redis_link import RedisLink, Script
 from .redis_wake import WakeChannel
@@ -76,6 +78,7 @@ _SCRIPTS = (
     "purge_expired",
     "next_due",
     "read_jobs",
+    "list_jobs",
     "read_heads",
     "read_events",
     "stats",
@@ -88,6 +91,7 @@ _SCRIPTS = (
 _SAFE_TO_REPEAT = frozenset(
     {
         "read_jobs",
+        "list_jobs",
         "read_events",
         "read_heads",
         "next_due",
@@ -100,6 +104,10 @@ _SAFE_TO_REPEAT = frozenset(
 )
 """Scripts that change nothing (or, like a heartbeat or a slot's acquire, the same thing
 twice)."""
+
+_LIST_SCAN_BUDGET = 10_000
+"""Index entries one page of a listing by tenant and status or type may look at; a page that
+runs out of them is shorter than asked, with a cursor to go on from."""
 
 
 def _load_scripts() -> dict[str, Script]:
@@ -214,9 +222,12 @@ class RedisBackend(RedisWebhookOutbox):
 
     # -- producers ---------------------------------------------------------------------------
 
-    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+    async def enqueue(self, job: NewJob, *, quota: Quota | None = None) -> tuple[Job, bool]:
         input_json = encode(job.input, "input")
         metadata_json = encode(job.metadata, "metadata")
+        max_in_flight = per_minute = None
+        if quota is not None:
+            max_in_flight, per_minute = quota.max_in_flight, quota.per_minute
         reply = await self._run(
             "enqueue",
             job.task_id,
@@ -226,11 +237,14 @@ class RedisBackend(RedisWebhookOutbox):
             job.idempotency_key or "",
             "" if self.max_queue_size is None else self.max_queue_size,
             priority_code(job.priority),
-            run_code(job.run_at),
             number(job.run_at),
             "1" if job.run_at > job.created_at else "0",
             number(job.created_at),
             job.priority,
+            job.tenant,
+            job.fair_cost,
+            "" if max_in_flight is None else max_in_flight,
+            "" if per_minute is None else per_minute,
             *new_job_fields(job),
         )
         status = reply[0]
@@ -246,6 +260,12 @@ class RedisBackend(RedisWebhookOutbox):
                 f"the queue holds {reply[1]} jobs, its limit (max_queue_size) is "
                 f"{self.max_queue_size}"
             )
+        if status == b"quota":
+            assert max_in_flight is not None
+            raise QuotaExceededError(job.tenant, max_in_flight)
+        if status == b"rate":
+            assert per_minute is not None
+            raise SubmitRateLimitedError(job.tenant, per_minute, retry_after=float(reply[1]))
         return job.to_job(input=json.loads(input_json), metadata=json.loads(metadata_json)), True
 
     # -- reads -------------------------------------------------------------------------------
@@ -259,6 +279,7 @@ class RedisBackend(RedisWebhookOutbox):
         *,
         status: JobStatus | None = None,
         type: str | None = None,
+        tenant: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -274,6 +295,14 @@ class RedisBackend(RedisWebhookOutbox):
         else:
             index = "i:all"
         top = "+inf" if below is None else f"({below}"
+        if tenant is not None and index != "i:all":
+            # No index per tenant and status or type: walk the smaller of the two indexes.
+            found = await self._run(
+                "list_jobs", f"i:n:{tenant}", index, top, limit, _LIST_SCAN_BUDGET
+            )
+            return Page(decode_jobs(found[1:]), _text(found[0]) or None)
+        if tenant is not None:
+            index = f"i:n:{tenant}"
         found = await self._read(
             "ZREVRANGEBYSCORE",
             self._p + index,
@@ -317,7 +346,6 @@ class RedisBackend(RedisWebhookOutbox):
             number(now),
             number(now + lease_s),
             limit,
-            run_code(now),
             *(types or ()),
         )
         return decode_jobs(rows)
@@ -402,12 +430,11 @@ class RedisBackend(RedisWebhookOutbox):
                 "retry",
                 encode(outcome.error.model_dump()),
                 number(outcome.run_at),
-                run_code(outcome.run_at),
                 "1" if outcome.run_at > now else "0",
             ]
         if isinstance(outcome, Release):
             reason = encode({"status": "queued", "released": outcome.reason})
-            return ["release", reason, run_code(now)]
+            return ["release", reason]
         raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union
 
     async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
@@ -432,7 +459,7 @@ class RedisBackend(RedisWebhookOutbox):
     # -- admin -------------------------------------------------------------------------------
 
     async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
-        reply = await self._run("replay", task_id, number(now), extra_attempts, run_code(now))
+        reply = await self._run("replay", task_id, number(now), extra_attempts)
         if reply[0] == b"missing":
             raise JobNotFoundError(task_id)
         if reply[0] == b"invalid":
@@ -469,6 +496,9 @@ class RedisBackend(RedisWebhookOutbox):
         if limit <= 0:
             return 0
         return int(await self._run("purge_expired", number(now), limit))
+
+    async def tenant_in_flight(self, tenant: str) -> int:
+        return int(await self._read("HGET", self._p + "inflight", tenant) or 0)
 
     async def wait_for_jobs(
         self, *, now: float, timeout: float, types: Sequence[str] | None = None

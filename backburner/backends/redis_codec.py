@@ -3,9 +3,12 @@
 A job is two keys. ``s:<id>`` holds what never changes as JSON object members (input, metadata,
 ...). ``j:<id>`` is a hash of what does: each field named like a ``Job`` field holds JSON text
 (Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
-the backend's own bookkeeping. ``webhook_url`` and ``webhook_progress`` never change but are
-hash fields all the same: the scripts that write webhook messages read them (the terminal
-transition, ``add_progress_webhook``); a job without them reads as None and false. Jobs
+the backend's own bookkeeping. ``webhook_url``, ``webhook_progress`` and ``tenant`` never change
+but are hash fields all the same: the scripts that write webhook messages read the first two
+(the terminal transition, ``add_progress_webhook``; a job without them reads as None and
+false), and the ones that count a tenant's jobs in flight and put its jobs in its fair-share
+line read ``tenant`` (with ``_fc``, the job's fair cost, and ``_tg``, its fair-share tag, kept
+until it is terminal so that a Release puts it back in its place). Jobs
 enqueued by the previous release keep ``webhook_url`` only in the spec; the terminal
 transitions fall back to it there (``spec_webhook_url`` in ``redis_lua/prelude.lua``). The
 script that reads a job joins both keys into one JSON document (``read_job`` in
@@ -22,16 +25,12 @@ from ..jsoncodec import encode
 from ..models import Event, Job, WebhookDelivery
 from .base import NewJob
 
-# Queue members sort as text: priority (inverted, 3 digits), run_at (µs, 17 digits), seq.
-RUN_CODE_DIGITS = 17
-
 
 def priority_code(priority: int) -> str:
+    """The first part of a ready-queue member, which sorts as text: 3 digits, highest priority
+    first. The rest (fair-share tag, seq, run code, id) is made by the scripts
+    (``enqueue_ready`` in redis_lua/prelude.lua)."""
     return f"{100 - priority:03d}"
-
-
-def run_code(run_at: float) -> str:
-    return f"{max(0, int(run_at * 1_000_000)):0{RUN_CODE_DIGITS}d}"
 
 
 def number(value: float) -> str:
@@ -85,6 +84,10 @@ def new_job_fields(job: NewJob) -> list[str]:
         number(job.ttl_s),
         "_pp",
         "0",
+        "tenant",  # in the hash: the scripts that count a tenant's jobs in flight read it
+        encode(job.tenant),
+        "_fc",
+        str(job.fair_cost),
     ]
     if job.deadline_at is not None:
         fields += ["deadline_at", number(job.deadline_at), "_dl"]

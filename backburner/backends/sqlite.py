@@ -31,6 +31,8 @@ from .base import (
     NewJob,
     Outcome,
     Page,
+    Quota,
+    RetryAt,
     Stats,
     WorkerInfo,
     parse_cursor,
@@ -43,7 +45,6 @@ from .sqlite_schema import (
     EVENT_SEQ,
     FENCE,
     PRIORITY,
-    RUN_AT,
     SEQ,
     STATUS,
     TASK_ID,
@@ -52,6 +53,16 @@ from .sqlite_schema import (
     row_to_job,
 )
 from .sqlite_slots import SQLiteSlots, purge_ended_slots
+from .sqlite_tenants import (
+    ROW_TAG,
+    SQLiteTenants,
+    admit,
+    advance_clocks,
+    fair_tag,
+    join_due,
+    purge_tenant_state,
+)
+from .sqlite_wait import SQLiteWaits
 from .sqlite_webhooks import SQLiteWebhooks, delete_messages, write_message
 
 _TERMINAL = ("completed", "failed", "cancelled")
@@ -66,6 +77,16 @@ def _error_json(error: ErrorInfo) -> str:
 
 
 _QUEUED = EncodedJSON('{"status":"queued"}')
+
+_INSERT = (
+    "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint, created_at, run_at,"
+    " max_attempts, metadata, webhook_url, webhook_progress, traceparent, timeout_s,"
+    " deadline_at, ttl_s, idempotency_key, tenant, fair_cost, fair_tag, event_seq) VALUES"
+    " (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,"
+    " ?18, {tag}, 1)"
+)
+_INSERT_DUE = _INSERT.format(tag=fair_tag("?17", "?3", "?18"))
+_INSERT_DELAYED = _INSERT.format(tag="NULL")
 
 
 def _insert_event(
@@ -83,7 +104,7 @@ def _missing_directory(path: str) -> str | None:
     return None if os.path.isdir(directory) else directory
 
 
-class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
+class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
     """Backend on a SQLite file (``sqlite:///path.db``; ``sqlite://:memory:`` is refused)."""
 
     def __init__(
@@ -121,8 +142,9 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
 
     # -- producers ---------------------------------------------------------------------------
 
-    async def enqueue(self, job: NewJob) -> tuple[Job, bool]:
+    async def enqueue(self, job: NewJob, *, quota: Quota | None = None) -> tuple[Job, bool]:
         max_queue_size = self.max_queue_size
+        due = job.run_at <= job.created_at
         values = (
             job.task_id,
             job.type,
@@ -140,9 +162,16 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             job.deadline_at,
             job.ttl_s,
             job.idempotency_key,
+            job.tenant,
+            job.fair_cost,
         )
 
         def op(conn: sqlite3.Connection) -> Job | None:
+            if job.idempotency_key is not None or max_queue_size is not None or quota is not None:
+                # Else the insert is the first check that can fail, and its key does this one.
+                taken = conn.execute("SELECT 1 FROM jobs WHERE task_id = ?", (job.task_id,))
+                if taken.fetchone() is not None:
+                    raise BackendError(f"a job with id {job.task_id} already exists")
             if job.idempotency_key is not None:
                 row = conn.execute(
                     f"SELECT {COLUMNS}, fingerprint FROM jobs WHERE idempotency_key = ?",
@@ -161,13 +190,9 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
                         f"the queue holds {queued} jobs, its limit (max_queue_size) is "
                         f"{max_queue_size}"
                     )
-            conn.execute(
-                "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint,"
-                " created_at, run_at, max_attempts, metadata, webhook_url, webhook_progress,"
-                " traceparent, timeout_s, deadline_at, ttl_s, idempotency_key, event_seq)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
-                values,
-            )
+            admit(conn, job, quota)
+            # A job due at once joins its tenant's line now, a delayed one when due (claim).
+            conn.execute(_INSERT_DUE if due else _INSERT_DELAYED, values)
             _insert_event(conn, job.task_id, 1, "status", _QUEUED, job.created_at)
             return None
 
@@ -192,6 +217,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
         *,
         status: JobStatus | None = None,
         type: str | None = None,
+        tenant: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -203,6 +229,9 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
         if type is not None:
             clauses.append("type = ?")
             params.append(type)
+        if tenant is not None:
+            clauses.append("tenant = ?")
+            params.append(tenant)
         below = parse_cursor(cursor)
         if below is not None:
             clauses.append("seq < ?")
@@ -257,10 +286,11 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             " started_at = :now, event_seq = event_seq + 1,"
             " history = json_insert(history, '$[#]', json_object('attempt', attempts + 1,"
             " 'worker_id', :worker, 'started_at', :now))"
-            " WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_queue"
-            f" WHERE status = 'queued' AND run_at <= :now{of_types}"
-            " ORDER BY priority DESC, run_at, seq LIMIT :limit)"
-            f" RETURNING {COLUMNS}"
+            " WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_claim"
+            " WHERE status = 'queued' AND fair_tag IS NOT NULL"
+            f" AND run_at <= :now{of_types}"
+            " ORDER BY priority DESC, fair_tag, seq LIMIT :limit)"
+            f" RETURNING {COLUMNS}, fair_tag"
         )
         params = {
             "worker": worker_id,
@@ -271,8 +301,10 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
         }
 
         def op(conn: sqlite3.Connection) -> list[Job]:
+            join_due(conn, now)
             rows = conn.execute(sql, params).fetchall()
-            rows.sort(key=lambda r: (-r[PRIORITY], r[RUN_AT], r[SEQ]))
+            rows.sort(key=lambda r: (-r[PRIORITY], r[-1], r[SEQ]))
+            advance_clocks(conn, [(r[PRIORITY], r[-1]) for r in rows])
             conn.executemany(
                 "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, 'status', ?, ?)",
                 [
@@ -370,7 +402,12 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             await self._raise_unless_held(task_id, fence, exc)
         params = {**update.params, "task_id": task_id, "fence": fence, "now": now}
         events = update.events
-        sql = f"UPDATE jobs SET {update.sets} WHERE {guard} RETURNING {COLUMNS}"
+        # A Release keeps the job's fair-share tag (first again); a retry joins the back of its
+        # tenant's line, now if due at once, else when due (at a claim).
+        sets = update.sets
+        if isinstance(outcome, RetryAt):
+            sets += f", fair_tag = iif(:run_at <= :now, {ROW_TAG}, NULL)"
+        sql = f"UPDATE jobs SET {sets} WHERE {guard} RETURNING {COLUMNS}"
 
         def op(conn: sqlite3.Connection) -> Job:
             row = conn.execute(sql, params).fetchone()
@@ -462,8 +499,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             row = conn.execute(
                 "UPDATE jobs SET status = 'queued', max_attempts = attempts + :extra,"
                 " run_at = :now, finished_at = NULL, expires_at = NULL, error = NULL,"
-                " deadline_at = :now + (deadline_at - created_at),"
-                " worker_id = NULL, event_seq = event_seq + 1 WHERE task_id = :task_id"
+                " deadline_at = :now + (deadline_at - created_at), worker_id = NULL,"
+                f" fair_tag = {ROW_TAG}, event_seq = event_seq + 1 WHERE task_id = :task_id"
                 f" RETURNING {COLUMNS}",
                 {"extra": extra_attempts, "now": now, "task_id": task_id},
             ).fetchone()
@@ -518,60 +555,10 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
             # A signal for a worker that died before reading it would otherwise stay forever.
             conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))
             purge_ended_slots(conn, now)  # rows of keys nobody acquires again would stay
+            purge_tenant_state(conn, now)  # and rows of tenants that went away
             return len(ids)
 
         return await self._executor.run(op)
-
-    async def wait_for_jobs(
-        self, *, now: float, timeout: float, types: Sequence[str] | None = None
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        of_types = "" if types is None else " AND type IN (SELECT value FROM json_each(?))"
-        sql = f"SELECT min(run_at) FROM jobs INDEXED BY jobs_due WHERE status = 'queued'{of_types}"
-        params = () if types is None else (_dumps(list(types)),)
-        # Another process's commit wakes us, but most commits (events, heartbeats) add no
-        # work: look with a cheap read before the caller tries a claim, which writes.
-        while True:
-            changed = self._executor.watch()
-            try:
-                next_due = await self._executor.run(
-                    lambda conn: conn.execute(sql, params).fetchone()[0], write=False
-                )
-                elapsed = loop.time() - started
-                if (next_due is not None and next_due <= now + elapsed) or elapsed >= timeout:
-                    return
-                wait = timeout - elapsed
-                if next_due is not None:
-                    wait = min(wait, next_due - now - elapsed)
-                await asyncio.wait({changed}, timeout=wait)
-            finally:
-                self._executor.unwatch(changed)
-
-    async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        params = (_dumps(dict(after)),)
-
-        def heads(conn: sqlite3.Connection) -> dict[str, int]:
-            rows = conn.execute(
-                "SELECT a.key, coalesce(jobs.event_seq, 0) FROM json_each(?) AS a"
-                " LEFT JOIN jobs ON jobs.task_id = a.key"
-                " WHERE jobs.event_seq IS NULL OR jobs.event_seq > a.value",
-                params,
-            ).fetchall()
-            return dict(rows)
-
-        while True:
-            changed = self._executor.watch()
-            try:
-                grown = await self._executor.run(heads, write=False)
-                left = deadline - loop.time()
-                if grown or left <= 0:
-                    return grown
-                await asyncio.wait({changed}, timeout=left)
-            finally:
-                self._executor.unwatch(changed)
 
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         def op(conn: sqlite3.Connection) -> Stats:
@@ -579,13 +566,15 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks):
                 JobStatus(status): n
                 for status, n in conn.execute("SELECT status, n FROM status_counts")
             }
-            by_priority = dict(
-                conn.execute(
-                    "SELECT priority, count(*) FROM jobs INDEXED BY jobs_queue"
-                    " WHERE status = 'queued'"
-                    " GROUP BY priority ORDER BY priority DESC"
-                ).fetchall()
-            )
+            by_priority: dict[int, int] = {}
+            for priority, n in conn.execute(
+                "SELECT priority, count(*) FROM jobs INDEXED BY jobs_claim"
+                " WHERE status = 'queued' AND fair_tag IS NOT NULL GROUP BY priority"
+                " UNION ALL SELECT priority, count(*) FROM jobs INDEXED BY jobs_untagged"
+                " WHERE status = 'queued' AND fair_tag IS NULL GROUP BY priority"
+            ):
+                by_priority[priority] = by_priority.get(priority, 0) + n
+            by_priority = dict(sorted(by_priority.items(), reverse=True))
             workers = [
                 WorkerInfo(worker_id=w, started_at=s, last_seen=seen, running=r)
                 for w, s, seen, r in conn.execute(

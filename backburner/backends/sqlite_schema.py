@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from typing import Any
 
@@ -39,10 +40,64 @@ CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (next_at) WHERE status = 'pe
 CREATE INDEX IF NOT EXISTS webhooks_failed ON webhooks (settled_at DESC, msg_id DESC)
     WHERE status = 'failed';
 CREATE INDEX IF NOT EXISTS webhooks_task ON webhooks (task_id, created_at);
+-- Tenants (sqlite_tenants.py). The claim order: within a priority, by fair-share tag; a queued
+-- job without a tag has not joined its tenant's line yet (it is not due, or was queued by an
+-- earlier release): the claim gives the due ones their tags first (jobs_untagged).
+CREATE INDEX IF NOT EXISTS jobs_claim ON jobs(priority DESC, fair_tag, seq, run_at)
+    WHERE status = 'queued' AND fair_tag IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_untagged ON jobs(run_at, priority)
+    WHERE status = 'queued' AND fair_tag IS NULL;
+CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs(tenant, seq);
+-- Each tenant's line at each priority: its jobs queued or processing (their sum over the
+-- priorities is what Quota.max_in_flight bounds) and its last fair-share tag, kept by triggers
+-- on jobs (one row, so an enqueue writes one page for both). A tag is written only when a job
+-- joins its tenant's line (sqlite_tenants.fair_tag), and tags of a line only grow.
+CREATE TABLE IF NOT EXISTS tenant_lines (
+    tenant TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    in_flight INTEGER NOT NULL,
+    last_tag INTEGER NOT NULL,
+    PRIMARY KEY (tenant, priority)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS jobs_line_insert AFTER INSERT ON jobs
+    WHEN NEW.status IN ('queued', 'processing') OR NEW.fair_tag IS NOT NULL BEGIN
+    INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)
+        VALUES (NEW.tenant, NEW.priority, NEW.status IN ('queued', 'processing'),
+            coalesce(NEW.fair_tag, 0))
+        ON CONFLICT (tenant, priority) DO UPDATE SET in_flight = in_flight + excluded.in_flight,
+            last_tag = max(last_tag, excluded.last_tag);
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_line_status AFTER UPDATE OF status ON jobs
+    WHEN (OLD.status IN ('queued', 'processing')) != (NEW.status IN ('queued', 'processing'))
+    BEGIN
+    INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)
+        VALUES (NEW.tenant, NEW.priority, iif(NEW.status IN ('queued', 'processing'), 1, -1), 0)
+        ON CONFLICT (tenant, priority) DO UPDATE SET in_flight = in_flight + excluded.in_flight;
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_line_tag AFTER UPDATE OF fair_tag ON jobs
+    WHEN NEW.fair_tag IS NOT NULL BEGIN
+    INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)
+        VALUES (NEW.tenant, NEW.priority, 0, NEW.fair_tag)
+        ON CONFLICT (tenant, priority) DO UPDATE SET last_tag = max(last_tag, excluded.last_tag);
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_line_delete AFTER DELETE ON jobs
+    WHEN OLD.status IN ('queued', 'processing') BEGIN
+    UPDATE tenant_lines SET in_flight = in_flight - 1
+        WHERE tenant = OLD.tenant AND priority = OLD.priority;
+END;
+-- Start-time fair queueing: each priority's virtual clock (the largest tag claimed at it).
+CREATE TABLE IF NOT EXISTS fair_clocks (priority INTEGER PRIMARY KEY, clock INTEGER NOT NULL);
+-- Each tenant's submission bucket (GCRA): its theoretical arrival time.
+CREATE TABLE IF NOT EXISTS tenant_rates (tenant TEXT PRIMARY KEY, tat REAL NOT NULL)
+    WITHOUT ROWID;
 """
-"""Tables added to version 1 without a version bump: only new tables, which code that does not
-know them ignores, so files stay usable by older releases. Created, if missing, at every open
-of a version 1 file (SCHEMA includes them for a new one)."""
+"""Tables, indexes and triggers added to version 1 without a version bump. Created, if missing, at
+every open of a version 1 file (SCHEMA includes them for a new one). Since tenants, the claim
+index replaces ``jobs_queue`` (dropped on upgrade), which releases before tenants name in their
+claim: a file opened by this release is not for those any more."""
+
+_SUPERSEDED = ("jobs_queue",)
+"""Indexes of version 1 that an upgrade drops (ADDED_SINCE_VERSION_1 has their successors)."""
 
 SCHEMA = (
     """
@@ -70,6 +125,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     webhook_url TEXT,
     webhook_progress INTEGER NOT NULL DEFAULT 0,
     traceparent TEXT,
+    tenant TEXT NOT NULL DEFAULT 'default',
+    fair_cost INTEGER NOT NULL DEFAULT 10000,
+    fair_tag INTEGER,
     expires_at REAL,
     timeout_s REAL,
     deadline_at REAL,
@@ -82,7 +140,6 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs(idempotency_key)
     WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_queue ON jobs(priority DESC, run_at, seq) WHERE status = 'queued';
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs(run_at) WHERE status = 'queued';
 CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_expires_at) WHERE status = 'processing';
 CREATE INDEX IF NOT EXISTS jobs_worker ON jobs(worker_id) WHERE status = 'processing';
@@ -173,6 +230,7 @@ _JOB_JSON = (
             ("webhook_url", "webhook_url"),
             ("webhook_progress", "json(iif(webhook_progress, 'true', 'false'))"),
             ("traceparent", "traceparent"),
+            ("tenant", "tenant"),
             ("expires_at", _number("expires_at", nullable=True)),
             ("timeout_s", _number("timeout_s", nullable=True)),
             ("deadline_at", _number("deadline_at", nullable=True)),
@@ -231,25 +289,63 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
 _ADDED_COLUMNS = (
     ("webhook_progress", "INTEGER NOT NULL DEFAULT 0"),
     ("traceparent", "TEXT"),
+    ("tenant", "TEXT NOT NULL DEFAULT 'default'"),
+    ("fair_cost", "INTEGER NOT NULL DEFAULT 10000"),
+    ("fair_tag", "INTEGER"),
 )
 """Columns of ``jobs`` added since version 1 (SCHEMA has them for a new file)."""
 
+_ADDED_NAMES = frozenset(
+    re.findall(r"CREATE (?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)", ADDED_SINCE_VERSION_1)
+)
+
+
+def _statements(script: str) -> list[str]:
+    """The SQL statements of ``script`` (a trigger's body holds ``;`` too)."""
+    statements: list[str] = []
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                statements.append(pending)
+            pending = ""
+    return statements
+
+
+def _up_to_date(conn: sqlite3.Connection) -> bool:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
+    return (
+        columns.issuperset(c for c, _ in _ADDED_COLUMNS)
+        and names.issuperset(_ADDED_NAMES)
+        and names.isdisjoint(_SUPERSEDED)
+    )
+
 
 def _upgrade_version_1(conn: sqlite3.Connection) -> None:
-    """Bring a version 1 file made by an earlier release up to date: new tables (IF NOT
-    EXISTS) and new columns, in one transaction, as another process may be doing the same."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-    new_columns = {c for c, _ in _ADDED_COLUMNS}
-    if new_columns <= columns and _has_table(conn, "slots") and _has_table(conn, "webhooks"):
+    """Bring a version 1 file made by an earlier release up to date: new columns, then new
+    tables, indexes and triggers (IF NOT EXISTS), in one transaction, as another process may
+    be doing the same."""
+    if _up_to_date(conn):
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}  # under the lock
-        if "webhook_progress" not in columns:
-            conn.execute("ALTER TABLE jobs ADD COLUMN webhook_progress INTEGER NOT NULL DEFAULT 0")
-        for statement in ADDED_SINCE_VERSION_1.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for column, declaration in _ADDED_COLUMNS:
+            if column not in columns:
+                conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {declaration}")
+        counted = _has_table(conn, "tenant_lines")
+        for index in _SUPERSEDED:
+            conn.execute(f"DROP INDEX IF EXISTS {index}")
+        for statement in _statements(ADDED_SINCE_VERSION_1):
+            conn.execute(statement)
+        if not counted:  # its triggers keep it from now on; count what is there once
+            conn.execute(
+                "INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)"
+                " SELECT tenant, priority, count(*), 0 FROM jobs"
+                " WHERE status IN ('queued', 'processing') GROUP BY tenant, priority"
+            )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import remote, service
+from . import keys, remote, service
 
 
 def build_cli() -> typer.Typer:
@@ -16,6 +16,7 @@ def build_cli() -> typer.Typer:
     )
     service.register(cli)
     remote.register(cli)
+    keys.register(cli)
     return cli
 
 

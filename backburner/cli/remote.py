@@ -38,7 +38,10 @@ def submit(
     url: UrlOption = DEFAULT_URL,
     model: Annotated[str | None, typer.Option(help="The model name.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most tokens to generate.")] = 256,
-    priority: Annotated[int | None, typer.Option(help="-100..100, higher first.")] = None,
+    priority: Annotated[
+        str | None,
+        typer.Option(help="-100..100, higher first, or a class: interactive, default, batch."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Show a progress bar until done.")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="Print tokens as they come.")] = False,
 ) -> None:
@@ -46,7 +49,10 @@ def submit(
     if wait and stream:
         raise fail("give --wait or --stream, not both", 2)
     with _session(url) as client:
-        submission = client.generate(prompt, model=model, max_tokens=max_tokens, priority=priority)
+        level: int | str | None = priority
+        if priority is not None and priority.lstrip("-").isdigit():
+            level = int(priority)
+        submission = client.generate(prompt, model=model, max_tokens=max_tokens, priority=level)
         task_id = submission.task_id
         if not (wait or stream):
             print_json(submission.model_dump(mode="json"))

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.live import Live
 
 from ..app import Backburner
+from ..errors import BackburnerError
+from ..keys import KeyRing
 from ..models import Job
 from ..observability.logs import configure_logging
 from ..observability.tracing import configure_from_env
@@ -22,6 +26,7 @@ from .common import (
     AppArgument,
     BackendOption,
     ModelsOption,
+    err,
     fail,
     job_table,
     load_app,
@@ -30,8 +35,17 @@ from .common import (
     run,
     settings_for,
 )
+from .keys import DEFAULT_KEYS_FILE
 
 HostOption = Annotated[str | None, typer.Option(help="Interface to listen on [127.0.0.1].")]
+InsecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Serve without API keys on an address other than loopback (anyone who can reach"
+        " it may use the API).",
+    ),
+]
 PortOption = Annotated[int | None, typer.Option(help="Port to listen on [8000].")]
 ConcurrencyOption = Annotated[int | None, typer.Option(help="Jobs one worker runs at once.")]
 LogLevelOption = Annotated[str, typer.Option(help="debug, info, warning, error")]
@@ -91,12 +105,49 @@ async def serve_metrics(bb: Backburner, host: str, port: int) -> AsyncIterator[N
         thread.join(5)
 
 
-def _serve_http(bb: Backburner, settings: Settings, *, run_worker: bool, level: str) -> None:
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _with_keys(settings: Settings, insecure: bool) -> tuple[Settings, str | None]:
+    """Settings with the working directory's keys file when none is named, and the warning
+    to print if the API is keyless; refuses (exit 2) to serve keyless beyond loopback unless
+    ``insecure``."""
+    if settings.keys_file is None and Path(DEFAULT_KEYS_FILE).exists():
+        settings = settings.replace(keys_file=DEFAULT_KEYS_FILE)
+    try:
+        keyless = KeyRing(settings).open
+    except BackburnerError as exc:
+        raise fail(str(exc), 2) from None
+    if not keyless:
+        return settings, None
+    where = f"{settings.host}:{settings.port}"
+    if not _is_loopback(settings.host) and not insecure:
+        raise fail(
+            f"refusing to serve on {where} without API keys: make one with"
+            " `backburner keys create --tenant NAME` (or set BACKBURNER_API_KEYS), or pass"
+            " --insecure",
+            2,
+        )
+    warning = f"warning: no API keys, so anyone who can reach {where} may use the API"
+    return settings, warning + ("" if insecure else " (fine on loopback, for local development)")
+
+
+def _serve_http(
+    bb: Backburner, settings: Settings, *, run_worker: bool, level: str, warning: str | None
+) -> None:
     import uvicorn
 
     from ..api import create_app
 
     _check_port(settings.host, settings.port)
+    if warning is not None:
+        err().print(warning, highlight=False, soft_wrap=True)
     url = f"http://{settings.host}:{settings.port}"
     console = out()
     role = "API and worker" if run_worker else "API"
@@ -153,14 +204,16 @@ def serve(
     models: ModelsOption = None,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
+    insecure: InsecureOption = False,
 ) -> None:
     """Run the HTTP API and a worker in one process (SQLite by default): the zero-setup service."""
     _logging(log_level, log_format)
     settings = settings_for(backend, host=host, port=port, concurrency=concurrency, models=models)
+    settings, warning = _with_keys(settings, insecure)
     bb = load_app(app, settings, backend)
     if not bb.models.default_is_set and "local" in bb.models.routes:  # the real offline model
         bb.models.set_default("local")
-    _serve_http(bb, settings, run_worker=True, level=log_level)
+    _serve_http(bb, settings, run_worker=True, level=log_level, warning=warning)
 
 
 def api(
@@ -171,12 +224,14 @@ def api(
     models: ModelsOption = None,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
+    insecure: InsecureOption = False,
 ) -> None:
     """Run the HTTP API only (run workers with `backburner worker`)."""
     _logging(log_level, log_format)
     settings = settings_for(backend, host=host, port=port, models=models)
+    settings, warning = _with_keys(settings, insecure)
     bb = load_app(app, settings, backend)
-    _serve_http(bb, settings, run_worker=False, level=log_level)
+    _serve_http(bb, settings, run_worker=False, level=log_level, warning=warning)
 
 
 def worker(

@@ -16,7 +16,7 @@ from ..errors import APIError, TransportError, WaitTimeoutError
 from ..models import Event, JobStatus
 from ._policy import RetryPolicy
 from .async_client import AsyncClient
-from .models import Stats, Submission, Task, TaskPage, is_terminal_event
+from .models import Stats, Submission, Task, TaskPage, Usage, is_terminal_event
 from .sse import ServerSentEvent, SSEParser
 from .sync_client import Client
 
@@ -34,6 +34,7 @@ __all__ = [
     "Task",
     "TaskPage",
     "TransportError",
+    "Usage",
     "WaitTimeoutError",
     "is_terminal_event",
 ]

@@ -10,12 +10,18 @@ import httpx
 
 from ..errors import (
     APIError,
+    AuthError,
     BackendError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
     JobNotFoundError,
+    LimitExceededError,
+    MalformedAuthError,
+    PermissionDeniedError,
     QueueFullError,
+    QuotaExceededError,
+    SubmitRateLimitedError,
     UnknownTaskError,
 )
 from ._policy import parse_retry_after
@@ -48,6 +54,26 @@ class QueueFullAPIError(APIError, QueueFullError):
     """429: the queue is full (after the client's retries)."""
 
 
+class QuotaExceededAPIError(APIError, QuotaExceededError):
+    """429 quota_exceeded: the tenant has its most jobs in flight (after the client's retries)."""
+
+
+class SubmitRateLimitedAPIError(APIError, SubmitRateLimitedError):
+    """429 rate_limited: the tenant submits faster than its rate (after the client's retries)."""
+
+
+class AuthAPIError(APIError, AuthError):
+    """401 unauthorized: no API key, or one the server does not know."""
+
+
+class MalformedAuthAPIError(APIError, MalformedAuthError):
+    """400 invalid_authorization: the Authorization header is not ``Bearer <key>``."""
+
+
+class PermissionDeniedAPIError(APIError, PermissionDeniedError):
+    """403 forbidden: the key may not do that (an admin-only route)."""
+
+
 class BackendUnavailableAPIError(APIError, BackendError):
     """503 backend_unavailable: the server's storage failed (after the client's retries)."""
 
@@ -65,9 +91,19 @@ def error_class(status: int, type: str) -> type[APIError]:
         if type == "invalid_state":
             return InvalidTransitionAPIError
         return APIError
+    if status == 401:
+        return AuthAPIError
+    if status == 403:
+        return PermissionDeniedAPIError
+    if status == 400 and type == "invalid_authorization":
+        return MalformedAuthAPIError
     if status in (400, 413, 422):
         return UnknownTaskAPIError if type == "unknown_task" else InvalidInputAPIError
     if status == 429:
+        if type == "quota_exceeded":
+            return QuotaExceededAPIError
+        if type == "rate_limited":
+            return SubmitRateLimitedAPIError
         return QueueFullAPIError
     if status == 503 and type == "backend_unavailable":
         return BackendUnavailableAPIError
@@ -103,6 +139,8 @@ def raise_for_error(
     exc = cls(message, status=response.status_code, type=type_, retry_after=retry_after)
     if isinstance(exc, JobNotFoundError):
         exc.task_id = task_id or ""
+    if isinstance(exc, LimitExceededError):
+        exc.tenant = ""  # the server does not name it; the caller knows its own
     if isinstance(exc, IdempotencyConflictError):
         exc.key = key or ""
         found = _TASK_IN_MESSAGE.search(message)

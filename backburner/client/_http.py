@@ -6,6 +6,7 @@ its own sync or async way, and hands the response back here to be checked and pa
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,10 @@ class Call:
 
 
 def default_headers(api_key: str | None) -> dict[str, str]:
+    """The headers of every request: ``api_key`` (None: BACKBURNER_API_KEY) as a Bearer token."""
     headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    if api_key is None:
+        api_key = os.environ.get("BACKBURNER_API_KEY") or None
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
@@ -77,7 +81,7 @@ def submit_call(
     type: str,
     input: Mapping[str, Any] | None,
     *,
-    priority: int | None,
+    priority: int | str | None,
     webhook_url: str | None,
     webhook_progress: bool,
     metadata: Mapping[str, Any] | None,
@@ -109,7 +113,7 @@ def generate_call(
     model: str | None,
     max_tokens: int,
     temperature: float | None,
-    priority: int | None,
+    priority: int | str | None,
     webhook_url: str | None,
     webhook_progress: bool,
     metadata: Mapping[str, Any] | None,
@@ -166,6 +170,10 @@ def replay_call(task_id: str) -> Call:
 
 def stats_call() -> Call:
     return Call("GET", "/v1/stats")
+
+
+def usage_call() -> Call:
+    return Call("GET", "/v1/usage")
 
 
 def stream_headers(last_seq: int | None) -> dict[str, str]:

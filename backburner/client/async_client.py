@@ -17,7 +17,7 @@ from . import _http
 from ._errors import raise_for_error
 from ._options import ClientOptions, StreamCursor, is_stream_retryable, unreachable
 from ._policy import RetryPolicy
-from .models import Stats, Submission, Task, TaskPage, is_terminal_event
+from .models import Stats, Submission, Task, TaskPage, Usage, is_terminal_event
 from .sse import SSEParser
 
 
@@ -114,7 +114,7 @@ class AsyncClient:
         type: str,
         input: Mapping[str, Any] | None = None,
         *,
-        priority: int | None = None,
+        priority: int | str | None = None,
         webhook_url: str | None = None,
         webhook_progress: bool = False,
         metadata: Mapping[str, Any] | None = None,
@@ -153,7 +153,7 @@ class AsyncClient:
         model: str | None = None,
         max_tokens: int = 256,
         temperature: float | None = None,
-        priority: int | None = None,
+        priority: int | str | None = None,
         webhook_url: str | None = None,
         webhook_progress: bool = False,
         metadata: Mapping[str, Any] | None = None,
@@ -227,6 +227,11 @@ class AsyncClient:
         """Counts by status, queue depth by priority, DLQ size, live workers."""
         call = _http.stats_call()
         return _http.parse(Stats, await self._send(call), call)
+
+    async def usage(self) -> Usage:
+        """Your tenant, its jobs in flight and its limits (what a 429 is about)."""
+        call = _http.usage_call()
+        return _http.parse(Usage, await self._send(call), call)
 
     async def poll(
         self,

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from ..api.schemas import Accepted, JobView, StatsView
+from ..api.schemas import Accepted, JobView, StatsView, UsageView
 from ..models import TERMINAL_STATUSES, Event, JobStatus, is_terminal_event
 
-__all__ = ["Event", "JobStatus", "Stats", "Submission", "Task", "TaskPage", "is_terminal_event"]
+__all__ = [
+    "Event",
+    "JobStatus",
+    "Stats",
+    "Submission",
+    "Task",
+    "TaskPage",
+    "Usage",
+    "is_terminal_event",
+]
 
 
 class Task(JobView):
@@ -37,3 +46,6 @@ class TaskPage(BaseModel):
 
 Stats = StatsView
 """Queue depth by priority, jobs processing, DLQ size, workers seen lately."""
+
+Usage = UsageView
+"""The caller's tenant, its jobs in flight and its limits (``GET /v1/usage``)."""

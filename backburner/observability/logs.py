@@ -21,7 +21,13 @@ _READABLE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def job_fields(job: Job, event: str) -> dict[str, Any]:
     """The ``extra`` of a log call about ``job``."""
-    return {"task_id": job.task_id, "type": job.type, "attempt": job.attempts, "event": event}
+    return {
+        "task_id": job.task_id,
+        "type": job.type,
+        "attempt": job.attempts,
+        "event": event,
+        "tenant": job.tenant,
+    }
 
 
 class JsonFormatter(logging.Formatter):

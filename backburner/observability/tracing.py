@@ -173,6 +173,7 @@ def _job_attributes(job: Job) -> dict[str, Any]:
         "backburner.task_id": job.task_id,
         "backburner.task.type": job.type,
         "backburner.attempt": job.attempts,
+        "backburner.tenant": job.tenant,
     }
 
 

@@ -19,14 +19,12 @@ installed, ``local`` (Gemma 3 270M on this machine) exist unless the file redefi
 
 from __future__ import annotations
 
-import json
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ..configfile import load_config as load_file
 from ..errors import ConfigurationError, ModelNotFoundError, ProviderAuthError
 from .base import Provider, Usage
 from .local import INSTALL_HINT, local_available
@@ -189,27 +187,7 @@ def _check_options(where: str, options: dict[str, Any]) -> None:
 
 def load_config(source: str) -> dict[str, Any]:
     """A routing config from a TOML or JSON file path, or inline JSON (``{...}``)."""
-    text = source.strip()
-    if text.startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ConfigurationError(f"BACKBURNER_MODELS is not valid JSON: {exc}") from None
-    else:
-        path = Path(text).expanduser()
-        try:
-            body = path.read_text()
-        except OSError as exc:
-            raise ConfigurationError(
-                f"cannot read the models file {path}: {exc.strerror}"
-            ) from None
-        try:
-            data = json.loads(body) if path.suffix == ".json" else tomllib.loads(body)
-        except (ValueError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigurationError(f"the models file {path} is not valid: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigurationError("the models config must be a table")
-    return data
+    return load_file(source, what="models", variable="BACKBURNER_MODELS")
 
 
 class ModelRouter:

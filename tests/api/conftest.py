@@ -45,6 +45,7 @@ JOB_FIELDS = {
     "type",
     "status",
     "priority",
+    "tenant",
     "created_at",
     "started_at",
     "finished_at",

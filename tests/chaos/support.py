@@ -21,7 +21,7 @@ import pytest
 from backburner import Backburner, Job, JobStatus, Settings
 from backburner.models import is_terminal_event
 
-from ..helpers import eventually
+from ..helpers import eventually, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("BACKBURNER_CHAOS_FULL", "") == "1"
@@ -80,12 +80,6 @@ def percentile(values: Iterable[float], q: float) -> float | None:
         return None
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return round(ordered[rank - 1], 3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def open_jobs(app: Backburner) -> int:

@@ -11,12 +11,18 @@ import pytest
 from backburner.client import APIError, AsyncClient, Client, TransportError
 from backburner.client._http import Call
 from backburner.errors import (
+    AuthError,
     BackendError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
     JobNotFoundError,
+    LimitExceededError,
+    MalformedAuthError,
+    PermissionDeniedError,
     QueueFullError,
+    QuotaExceededError,
+    SubmitRateLimitedError,
     UnknownTaskError,
 )
 
@@ -161,7 +167,12 @@ def test_retry_after_beyond_the_bound_is_not_waited_for(scripted: Any, clock: Fa
         (429, "queue_full", (QueueFullError,)),
         (503, "backend_unavailable", (BackendError,)),
         (500, "internal_error", ()),
-        (401, "unauthorized", ()),
+        (401, "unauthorized", (AuthError,)),
+        (403, "forbidden", (PermissionDeniedError, AuthError)),
+        (400, "invalid_authorization", (MalformedAuthError, AuthError)),
+        (429, "quota_exceeded", (QuotaExceededError, LimitExceededError)),
+        (429, "rate_limited", (SubmitRateLimitedError, LimitExceededError)),
+        (418, "teapot", ()),
     ],
 )
 def test_errors_are_typed(

@@ -16,7 +16,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ import pytest
 
 from backburner.observability.metrics import Metrics
 from backburner.settings import Settings
+
+from ..helpers import free_port
 
 yaml = pytest.importorskip("yaml")
 
@@ -764,12 +765,6 @@ def test_dockerignore() -> None:
 
 
 # -- the health checks, run against a real API and worker -----------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager

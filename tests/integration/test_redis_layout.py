@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from backburner.backends.base import Complete, Fail
+from backburner.backends import redis as redis_backend
+from backburner.backends.base import Complete, Fail, Quota
 from backburner.backends.redis import RedisBackend
-from backburner.models import ErrorInfo, WebhookAttempt, WebhookStatus
+from backburner.models import ErrorInfo, JobStatus, WebhookAttempt, WebhookStatus
 
-from ..conformance._support import T0, claim_one, enqueue
+from ..conformance._support import T0, claim_one, enqueue, new_job
 from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
 
 GRACE = 3600  # redis_lua/prelude.lua: keys outlive expires_at by this much
@@ -102,6 +103,84 @@ async def test_a_queued_job_costs_under_two_kilobytes(engine: RedisBackend, clie
     shared = [k for k in indexes if not any(j.task_id in k for j in jobs)]
     index_bytes = sum([await client.memory_usage(k) or 0 for k in shared]) / len(jobs)
     assert own + index_bytes < 2048, (own, index_bytes)
+
+
+async def test_tenants_are_three_global_hashes_an_index_and_a_tag_in_each_queue_member(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    first = await enqueue(engine, now=T0, tenant="acme")
+    cheap = await enqueue(engine, now=T0, tenant="acme", fair_cost=250_000)
+    later = await enqueue(engine, now=T0, tenant="acme", run_at=T0 + 5)
+    job, _ = await engine.enqueue(new_job(now=T0, tenant="globex"), quota=Quota(per_minute=4))
+    assert await client.hgetall(p + "inflight") == {b"acme": b"3", b"globex": b"1"}
+    assert await client.hgetall(p + "rates") == {b"globex": b"%d" % (T0 + 15)}  # 60 s / 4
+    # No claim yet: no clock; each tenant's last tag at priority 0 (code 100).
+    assert await client.hgetall(p + "fair") == {b"100:acme": b"260000", b"100:globex": b"10000"}
+    j = p + "j:" + cheap.task_id
+    assert await client.hmget(j, "tenant", "_fc", "_tg") == [b'"acme"', b"250000", b"260000"]
+    members = await client.zrange(p + "r:summarize", 0, -1)
+    seqs = {first.task_id: 1, cheap.task_id: 2, job.task_id: 4}
+    # <priority 3><tag 19><seq 12><run_at in µs 17><id>, in (priority, tag, seq) order
+    assert members == [
+        b"100%019d%012d%017d%s" % (tag, seqs[task_id], int(T0 * 1e6), task_id.encode())
+        for tag, task_id in [
+            (10_000, first.task_id),
+            (10_000, job.task_id),
+            (260_000, cheap.task_id),
+        ]
+    ]
+    assert await client.zrange(p + "delayed", 0, -1, withscores=True) == [
+        (b"%012d%s" % (3, later.task_id.encode()), T0 + 5)
+    ]
+    assert await client.zrange(p + "i:n:acme", 0, -1) == [
+        t.task_id.encode() for t in (first, cheap, later)
+    ]
+
+    # A claim moves the clock to the largest tag it took; the delayed job, due now, joins.
+    claimed = await engine.claim("w1", limit=2, now=T0 + 5, lease_s=30)
+    assert [c.task_id for c in claimed] == [first.task_id, job.task_id]
+    assert await client.hget(p + "fair", "100") == b"10000"
+    assert await client.hget(p + "fair", "100:acme") == b"270000"
+    assert await client.hget(p + "j:" + later.task_id, "_tg") == b"270000"
+    await engine.finish(first.task_id, claimed[0].fence, Complete(None), now=T0 + 6)
+    await engine.finish(job.task_id, claimed[1].fence, Complete(None), now=T0 + 6)
+    assert await client.hgetall(p + "inflight") == {b"acme": b"2"}  # a tenant at 0 has no field
+    assert await client.hexists(p + "j:" + first.task_id, "_tg") is False
+    for queued in (cheap, later):
+        await engine.cancel(queued.task_id, now=T0 + 7)
+    assert await client.exists(p + "inflight") == 0
+    assert await client.zcard(p + "r:summarize") == 0 and await client.zcard(p + "delayed") == 0
+    assert await engine.purge_expired(now=T0 + 7 + 3600, limit=10) == 4
+    assert await client.exists(p + "i:n:acme", p + "i:n:globex") == 0
+
+
+async def test_a_listing_page_cut_short_by_its_scan_budget_goes_on_from_its_cursor(
+    engine: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_backend, "_LIST_SCAN_BUDGET", 5)
+    wanted = []
+    for i in range(12):  # acme's index is the smaller one: the walk is through it
+        job = await enqueue(engine, payload={"i": i}, now=T0, tenant="acme")
+        if i % 3 == 0:
+            await engine.cancel(job.task_id, now=T0)
+            wanted.append(job.task_id)
+        for _ in range(2):
+            other = await enqueue(engine, payload={"i": i}, now=T0, tenant="globex")
+            await engine.cancel(other.task_id, now=T0)
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = await engine.list_jobs(
+            tenant="acme", status=JobStatus.CANCELLED, limit=2, cursor=cursor
+        )
+        pages += 1
+        assert len(page.jobs) <= 2
+        seen += [j.task_id for j in page.jobs]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == wanted[::-1]
+    assert pages > 2  # some pages were cut short (acme's 12 are looked at, 5 at a time)
 
 
 async def test_a_slot_key_is_a_sorted_set_that_expires_after_its_last_lease(

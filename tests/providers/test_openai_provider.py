@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 
@@ -22,6 +21,7 @@ from backburner.errors import (
 from backburner.providers import GenerationRequest, Message, Usage
 from backburner.providers.openai import OpenAIProvider
 
+from ..helpers import free_port
 from .fake_openai import FakeOpenAI
 
 
@@ -149,13 +149,6 @@ async def test_stopping_early_closes_the_upstream_connection_at_once(fake: FakeO
     assert call.ended is not None, "the server never saw the client go"
     assert call.ended - cancelled_at < 1.0
     assert call.chunks_sent < 100
-
-
-def free_port() -> int:
-    """A port nobody listens on (bound, then closed, then used at once)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_request_body_carries_temperature_and_stop() -> None:

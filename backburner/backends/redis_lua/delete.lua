@@ -1,6 +1,6 @@
 -- ARGV: P, id
 local id = ARGV[2]
-local f = redis.call('HMGET', jkey(id), '_ty', 'status', '_ik', 'worker_id')
+local f = redis.call('HMGET', jkey(id), unpack(FORGET_FIELDS))
 if not f[2] then return {'missing'} end
 if not TERMINAL[raw(f[2])] then return {'invalid', raw(f[2])} end
 forget(id, f)

@@ -1,6 +1,9 @@
 -- ARGV: P, id, type, spec, fingerprint, idempotency_key|'', max_queue|'', priority_code,
---       run_code, run_at, delayed 0|1, created_at, priority, field, value, ...
+--       run_at, delayed 0|1, created_at, priority, tenant, fair cost, max_in_flight|'',
+--       per_minute|'', field, value, ...
+-- Checks in the order of Backend.enqueue; a refusal writes nothing.
 local id, ty, spec, fp, ik = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local tenant = ARGV[13]
 if redis.call('EXISTS', jkey(id)) == 1 or redis.call('EXISTS', skey(id)) == 1 then
   return {'exists'}
 end
@@ -18,21 +21,43 @@ if ARGV[7] ~= '' then
   local queued = redis.call('ZCARD', P .. 'i:s:queued')
   if queued >= tonumber(ARGV[7]) then return {'full', queued} end
 end
+if ARGV[15] ~= '' then
+  local in_flight = tonumber(redis.call('HGET', INFLIGHT, tenant) or 0)
+  if in_flight >= tonumber(ARGV[15]) then return {'quota'} end
+end
+local tat = nil -- GCRA, as backends/admission.py rate_check, with created_at as now
+if ARGV[16] ~= '' then
+  local now, window = tonumber(ARGV[11]), 60.0
+  local stored = tonumber(redis.call('HGET', RATES, tenant))
+  local start = now
+  if stored and stored >= now then start = stored end
+  local after = start + window / tonumber(ARGV[16])
+  local wait = after - now - window
+  if wait > 1e-9 then return {'rate', num(wait)} end
+  tat = after
+end
 local seq = redis.call('INCR', P .. 'seq')
 local sq = string.format('%012d', seq)
 local j = jkey(id)
 local fields = {}
-for i = 14, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 17, #ARGV do fields[#fields + 1] = ARGV[i] end
 -- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. A Redis
 -- Stream costs about 4 KB from its first entry (Redis 7 preallocates a node), so a job gets
 -- its stream when it starts running, not while it waits.
-redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[12], unpack(fields))
+redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[11], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
+if tat then redis.call('HSET', RATES, tenant, num(tat)) end
+redis.call('HINCRBY', INFLIGHT, tenant, 1)
 redis.call('ZADD', P .. 'i:all', seq, id)
 redis.call('ZADD', P .. 'i:t:' .. ty, seq, id)
+redis.call('ZADD', nkey(tenant), seq, id)
 reindex(id, ty, seq, nil, 'queued')
 redis.call('SADD', P .. 'types', ty)
-redis.call('HINCRBY', QPRIO, ARGV[13], 1)
-enqueue_ready(id, ty, ARGV[8], ARGV[9], sq, ARGV[10], ARGV[11] == '1')
+redis.call('HINCRBY', QPRIO, ARGV[12], 1)
+if ARGV[10] == '1' then
+  enqueue_delayed(id, ty, sq, ARGV[9])
+else
+  enqueue_ready(id, ty, ARGV[8], fair_tag(tenant, ARGV[8], ARGV[14]), sq, ARGV[9])
+end
 return {'ok'}

@@ -14,6 +14,10 @@ local LEASES = P .. 'leases'
 local EXPIRING = P .. 'expiring'
 local QPRIO = P .. 'qprio'
 local WAKE = P .. 'wake'
+local FAIR = P .. 'fair'         -- <pq> -> that priority's clock; <pq>:<tenant> -> last tag
+local INFLIGHT = P .. 'inflight' -- tenant -> its jobs queued or processing
+local RATES = P .. 'rates'       -- tenant -> its submission bucket's theoretical arrival time
+local function nkey(tenant) return P .. 'i:n:' .. tenant end
 
 -- Exact text for a double: 17 significant digits always read back as the same number.
 local function num(x) return string.format('%.17g', x) end
@@ -73,17 +77,62 @@ local function read_job(id)
   return table.concat(parts)
 end
 
--- The queue member orders by priority, then run_at, then enqueue order (all fixed width).
-local function enqueue_ready(id, ty, pq, rc, sq, run_at, delayed)
-  local code = pq .. rc .. sq
-  local member = code .. id
-  redis.call('HSET', jkey(id), '_qm', code)
-  if delayed then
-    redis.call('ZADD', DELAYED, run_at, id)
-  else
-    redis.call('ZADD', rkey(ty), 0, member)
-  end
+-- A ready queue's members sort as text: priority code (3 digits, highest priority first),
+-- fair-share tag (19 digits), enqueue order (12), run code (run_at in µs, 17), then the id.
+-- The run code takes no part in the order (seq is unique); a claim reads it to skip a job
+-- queued by a clock ahead of its own. Offsets of each part within a member:
+local M_TAG, M_SEQ, M_RUN, M_ID = 4, 23, 35, 52
+
+local function run_code(run_at) -- whole µs, 17 digits (a claim compares its own now's)
+  local us = math.floor(tonumber(run_at) * 1000000)
+  if us < 0 then us = 0 end
+  return string.format('%017.0f', us)
+end
+
+-- The tag of a job of tenant joining its line at priority code pq now (start-time fair
+-- queueing, as backends/admission.py FairClocks.tag): max(the tenant's last tag at pq, pq's
+-- clock) + the job's cost. Tags are integers; a double holds them exactly below 2^53, and
+-- their code (19 digits) keeps them in order up to 10^19.
+local function fair_tag(tenant, pq, cost)
+  local last = pq .. ':' .. tenant
+  local f = redis.call('HMGET', FAIR, pq, last)
+  local tag = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + tonumber(cost)
+  redis.call('HSET', FAIR, last, string.format('%.0f', tag))
+  return tag
+end
+
+-- The member of a job in its type's ready queue: made again from the job's hash (_pq, _tg,
+-- _sq, run_at) when it has to be found there.
+local function ready_member(id, pq, tag, sq, run_at)
+  return pq .. string.format('%019.0f', tonumber(tag)) .. sq .. run_code(run_at) .. id
+end
+
+-- Put a job in its type's ready queue with fair-share tag `tag` (a number, from fair_tag or
+-- the one it had); run_at must be its hash's. _tg keeps the tag until the job is terminal,
+-- so a Release puts it back in its place.
+local function add_ready(id, ty, pq, tag, sq, run_at)
+  redis.call('HSET', jkey(id), '_tg', string.format('%.0f', tag))
+  redis.call('ZADD', rkey(ty), 0, ready_member(id, pq, tag, sq, run_at))
+end
+
+-- The same, and wake the waiters for its type.
+local function enqueue_ready(id, ty, pq, tag, sq, run_at)
+  add_ready(id, ty, pq, tag, sq, run_at)
   redis.call('PUBLISH', WAKE, ty)
+end
+
+-- A job not yet due waits in DELAYED, scored by run_at; members are <seq><id>, so jobs due at
+-- the same instant join their lines in enqueue order. It gets its tag when a claim moves it.
+local function enqueue_delayed(id, ty, sq, run_at)
+  redis.call('ZADD', DELAYED, run_at, sq .. id)
+  redis.call('PUBLISH', WAKE, ty)
+end
+
+-- One job of tenant fewer in flight (it became terminal); a tenant with none has no field.
+local function leave_flight(tenant)
+  if redis.call('HINCRBY', INFLIGHT, tenant, -1) <= 0 then
+    redis.call('HDEL', INFLIGHT, tenant)
+  end
 end
 
 local function close_history(id, cur, now, outcome, error_json)
@@ -184,8 +233,9 @@ local function make_terminal(id, ik, expires, now)
   return ttl
 end
 
+local FORGET_FIELDS = {'_ty', 'status', '_ik', 'worker_id', 'tenant'}
 local function forget(id, fields)
-  -- fields: HMGET of _ty, status, _ik, worker_id, _sq
+  -- fields: HMGET of FORGET_FIELDS
   local ty, status, ik = fields[1], fields[2], fields[3]
   redis.call('DEL', jkey(id), skey(id), ekey(id))
   forget_webhooks(id)
@@ -201,6 +251,7 @@ local function forget(id, fields)
     redis.call('DEL', P .. 'k:' .. ik)
   end
   if fields[4] then redis.call('HDEL', P .. 'c:' .. cjson.decode(fields[4]), id) end
+  if fields[5] then redis.call('ZREM', nkey(cjson.decode(fields[5])), id) end
 end
 
 -- Concurrency slots: a sorted set of holder -> lease end. The key's PEXPIRE follows the

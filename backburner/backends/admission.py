@@ -1,0 +1,62 @@
+"""Per-tenant admission and fair-share arithmetic shared by the backends that run it in
+Python (memory, SQLite); the Redis backend does the same in Lua (``redis_lua/``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import QuotaExceededError, SubmitRateLimitedError
+from .base import NewJob, Quota
+
+RATE_WINDOW_S = 60.0
+"""``Quota.per_minute`` is per this many seconds."""
+
+
+def rate_check(tat: float | None, now: float, per_minute: int) -> tuple[float, float]:
+    """GCRA: (new theoretical arrival time to store, 0.0) when a submission may go ahead, else
+    (the unchanged ``tat``, seconds until it may). ``tat`` is the stored value (None: never
+    submitted). The bucket holds ``per_minute`` tokens and refills one every 60/per_minute s."""
+    interval = RATE_WINDOW_S / per_minute
+    start = now if tat is None or tat < now else tat
+    after = start + interval
+    wait = after - now - RATE_WINDOW_S
+    if wait > 1e-9:
+        return (tat if tat is not None else now), wait
+    return after, 0.0
+
+
+def check_quota(
+    job: NewJob, quota: Quota | None, *, in_flight: int, tat: float | None, now: float
+) -> float | None:
+    """Raise the limit error ``quota`` calls for, else return the tat to store (None: no rate
+    limit). ``in_flight`` is the tenant's count of queued and processing jobs, ``now`` the
+    submission time (the job's created_at)."""
+    if quota is None:
+        return None
+    if quota.max_in_flight is not None and in_flight >= quota.max_in_flight:
+        raise QuotaExceededError(job.tenant, quota.max_in_flight)
+    if quota.per_minute is None:
+        return None
+    new_tat, wait = rate_check(tat, now, quota.per_minute)
+    if wait > 0:
+        raise SubmitRateLimitedError(job.tenant, quota.per_minute, retry_after=wait)
+    return new_tat
+
+
+@dataclass
+class FairClocks:
+    """Start-time fair queueing state: each priority's virtual clock and each (tenant,
+    priority)'s last tag (see ``Backend.claim``)."""
+
+    clock: dict[int, int] = field(default_factory=dict)
+    last: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def tag(self, tenant: str, priority: int, cost: int) -> int:
+        """The tag of a job joining ``tenant``'s line at ``priority`` now."""
+        start = max(self.last.get((tenant, priority), 0), self.clock.get(priority, 0))
+        self.last[tenant, priority] = start + cost
+        return start + cost
+
+    def claimed(self, priority: int, tag: int) -> None:
+        if tag > self.clock.get(priority, 0):
+            self.clock[priority] = tag

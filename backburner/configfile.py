@@ -1,0 +1,36 @@
+"""Config that a setting names: a TOML or JSON file's path, or inline JSON."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigurationError
+
+
+def load_config(source: str, *, what: str, variable: str) -> dict[str, Any]:
+    """The table in ``source``: inline JSON (``{...}``), or a TOML or ``.json`` file's path.
+    ``what`` names it in errors ("models"), ``variable`` is the setting's variable."""
+    text = source.strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigurationError(f"{variable} is not valid JSON: {exc}") from None
+    else:
+        path = Path(text).expanduser()
+        try:
+            body = path.read_text()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read the {what} file {path}: {exc.strerror}"
+            ) from None
+        try:
+            data = json.loads(body) if path.suffix == ".json" else tomllib.loads(body)
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigurationError(f"the {what} file {path} is not valid: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"the {what} config must be a table")
+    return data

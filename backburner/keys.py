@@ -1,0 +1,209 @@
+"""API keys: making them, storing only their hashes, and finding the tenant of a key.
+
+A key is ``bb_`` + 43 URL-safe characters (256 random bits). Only its SHA-256 is kept: in the
+keys file (``backburner keys create``), or in ``api_keys`` / ``admin_keys`` as
+``TENANT:sha256:HEX``; a plain ``TENANT:KEY`` there is hashed when read. Keys carry 256 bits, so
+a fast hash is enough: nobody can search that space.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .backends.base import check_tenant
+from .errors import ConfigurationError, InvalidInputError
+from .settings import Settings
+
+log = logging.getLogger("backburner.keys")
+
+KEY_PREFIX = "bb_"
+_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+RELOAD_EVERY_S = 1.0
+"""How often the keys file's modification time is looked at."""
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def key_hash(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the tenant of their key, and whether it is an admin key."""
+
+    tenant: str
+    admin: bool = False
+    key_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """A key as the keys file holds it (no key, only its hash)."""
+
+    id: str
+    tenant: str
+    hash: str
+    admin: bool = False
+    created_at: float = 0.0
+    name: str | None = None
+
+
+class KeysFile:
+    """The JSON file ``backburner keys create`` writes: ``{"keys": [StoredKey, ...]}``.
+
+    Writes replace the file atomically (mode 0600) under an exclusive lock, so two
+    ``keys create`` at once both land."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+
+    def read(self) -> list[StoredKey]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read the keys file {self.path}: {exc}") from None
+        try:
+            data = json.loads(text)
+            keys = [StoredKey(**entry) for entry in data["keys"]]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigurationError(f"the keys file {self.path} is not valid: {exc}") from None
+        for key in keys:
+            if not _HASH.fullmatch(key.hash):
+                raise ConfigurationError(f"the keys file {self.path} has a bad hash for {key.id}")
+        return keys
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _write(self, keys: list[StoredKey]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}")
+        body = json.dumps({"keys": [asdict(k) for k in keys]}, indent=2) + "\n"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(body)
+        os.replace(tmp, self.path)
+
+    def create(self, tenant: str, *, admin: bool = False, name: str | None = None) -> str:
+        """Store a new key's hash for ``tenant``; return the key (it is not kept anywhere)."""
+        try:
+            check_tenant(tenant)
+        except InvalidInputError as exc:
+            raise ConfigurationError(str(exc)) from None
+        key = new_key()
+        entry = StoredKey(
+            id="key_" + secrets.token_hex(6),
+            tenant=tenant,
+            hash=key_hash(key),
+            admin=admin,
+            created_at=round(time.time(), 3),
+            name=name,
+        )
+        with self._locked():
+            self._write([*self.read(), entry])
+        return key
+
+    def revoke(self, key_id: str) -> bool:
+        """Remove the key with this id; False if there is none."""
+        with self._locked():
+            keys = self.read()
+            kept = [k for k in keys if k.id != key_id]
+            if len(kept) == len(keys):
+                return False
+            self._write(kept)
+        return True
+
+
+def _parse_entries(raw: str | None, setting: str, *, admin: bool) -> dict[str, Principal]:
+    found: dict[str, Principal] = {}
+    for number, part in enumerate((raw or "").split(","), 1):
+        entry = part.strip()
+        if not entry:
+            continue
+        tenant, sep, secret = entry.partition(":")
+        if not sep or not secret:
+            raise ConfigurationError(f"{setting} entry {number} must be TENANT:KEY")
+        try:
+            check_tenant(tenant)
+        except InvalidInputError as exc:
+            raise ConfigurationError(f"{setting} entry {number}: {exc}") from None
+        if secret.startswith("sha256:"):
+            if not _HASH.fullmatch(secret):
+                raise ConfigurationError(
+                    f"{setting} entry {number}: sha256: must be followed by 64 hex digits"
+                )
+            digest = secret
+        else:
+            digest = key_hash(secret)
+        found[digest] = Principal(tenant=tenant, admin=admin, key_id=f"{setting}#{number}")
+    return found
+
+
+class KeyRing:
+    """Every key the API accepts, from the settings and the keys file (re-read when it
+    changes). ``open`` is True when none is configured: then every caller is the ``default``
+    tenant with admin rights (local development)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._static = _parse_entries(settings.api_keys, "api_keys", admin=False)
+        self._static.update(_parse_entries(settings.admin_keys, "admin_keys", admin=True))
+        self._file = KeysFile(settings.keys_file) if settings.keys_file else None
+        self._from_file: dict[str, Principal] = {}
+        self._file_stamp: Any = None
+        self._checked_at = float("-inf")
+        self.open = not self._static and self._file is None
+        self._reload(force=True)
+
+    def _reload(self, *, force: bool = False) -> None:
+        if self._file is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._checked_at < RELOAD_EVERY_S:
+            return
+        self._checked_at = now
+        try:
+            info = self._file.path.stat()
+            stamp: Any = (info.st_mtime_ns, info.st_size, info.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._file_stamp and not force:
+            return
+        try:
+            stored = self._file.read()
+        except ConfigurationError as exc:
+            if force:
+                raise
+            log.warning("keeping the keys read before: %s", exc)
+            return
+        self._from_file = {
+            k.hash: Principal(tenant=k.tenant, admin=k.admin, key_id=k.id) for k in stored
+        }
+        self._file_stamp = stamp
+
+    def lookup(self, key: str) -> Principal | None:
+        """The caller a key belongs to, or None for a key nobody issued."""
+        self._reload()
+        digest = key_hash(key)
+        return self._static.get(digest) or self._from_file.get(digest)

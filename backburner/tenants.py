@@ -1,0 +1,128 @@
+"""Per-tenant limits and fair-share weights: ``TenantPolicies`` from the ``tenants`` setting.
+
+The config is a TOML (or JSON) file, or inline JSON::
+
+    [defaults]                      # every tenant without a table of its own
+    max_in_flight = 5               # jobs queued + processing; beyond: 429 with Retry-After
+    submissions_per_minute = 600    # a bucket of this many, refilled continuously
+    weight = 1                      # fair share of the workers within a priority
+    max_prompt_chars = 100000       # (default: the service's max_prompt_chars)
+    max_tokens = 4096               # (default: the service's max_tokens_limit)
+
+    [tenants.acme]
+    max_in_flight = 50
+    weight = 3
+
+A limit set to ``0`` in a tenant's table means no limit. The tenant ``default`` (library calls
+and the keyless API) has no in-flight or rate limit unless it has a table of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from .backends.base import DEFAULT_TENANT, Quota, check_tenant, fair_cost
+from .configfile import load_config
+from .errors import ConfigurationError, InvalidInputError
+
+DEFAULT_MAX_IN_FLIGHT = 5
+DEFAULT_SUBMISSIONS_PER_MINUTE = 600
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """One tenant's limits (None: no limit) and weight."""
+
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+    submissions_per_minute: int | None = DEFAULT_SUBMISSIONS_PER_MINUTE
+    weight: float = 1.0
+    max_prompt_chars: int | None = None
+    """Longest prompt of a generation (None: the service's ``max_prompt_chars``)."""
+    max_tokens: int | None = None
+    """Largest max_tokens of a generation (None: the service's ``max_tokens_limit``)."""
+
+    def quota(self) -> Quota | None:
+        if self.max_in_flight is None and self.submissions_per_minute is None:
+            return None
+        return Quota(max_in_flight=self.max_in_flight, per_minute=self.submissions_per_minute)
+
+    @property
+    def fair_cost(self) -> int:
+        return fair_cost(self.weight)
+
+
+UNLIMITED = TenantPolicy(max_in_flight=None, submissions_per_minute=None)
+_KEYS = {f.name for f in fields(TenantPolicy)}
+
+
+def _policy(where: str, raw: Any, base: TenantPolicy) -> TenantPolicy:
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(f"{where} must be a table")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown keys {sorted(unknown)} (known: {', '.join(sorted(_KEYS))})"
+        )
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "weight":
+            try:
+                fair_cost(value)
+            except InvalidInputError as exc:
+                raise ConfigurationError(f"{where}.weight: {exc}") from None
+            changes[key] = float(value)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigurationError(f"{where}.{key} must be an integer >= 0, got {value!r}")
+        else:
+            changes[key] = value or None  # 0: no limit
+    return replace(base, **changes)
+
+
+class TenantPolicies:
+    """The policy of every tenant: its own table, else the defaults."""
+
+    def __init__(
+        self,
+        defaults: TenantPolicy | None = None,
+        tenants: Mapping[str, TenantPolicy] | None = None,
+    ) -> None:
+        self.defaults = defaults or TenantPolicy()
+        self._tenants = dict(tenants or {})
+        self._tenants.setdefault(DEFAULT_TENANT, replace(self.defaults, **_no_limits()))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TenantPolicies:
+        unknown = set(config) - {"defaults", "tenants"}
+        if unknown:
+            raise ConfigurationError(
+                f"the tenants config has unknown tables {sorted(unknown)}"
+                " (known: defaults, tenants)"
+            )
+        defaults = _policy("defaults", config.get("defaults", {}), TenantPolicy())
+        tenants_raw = config.get("tenants", {})
+        if not isinstance(tenants_raw, Mapping):
+            raise ConfigurationError("tenants must be a table of tables")
+        tenants: dict[str, TenantPolicy] = {}
+        for name, raw in tenants_raw.items():
+            try:
+                check_tenant(name)
+            except InvalidInputError as exc:
+                raise ConfigurationError(f"tenants.{name}: {exc}") from None
+            tenants[name] = _policy(f"tenants.{name}", raw, defaults)
+        return cls(defaults, tenants)
+
+    @classmethod
+    def from_source(cls, source: str | None) -> TenantPolicies:
+        """From the ``tenants`` setting (None: built-in defaults)."""
+        if source is None:
+            return cls()
+        return cls.from_config(load_config(source, what="tenants", variable="BACKBURNER_TENANTS"))
+
+    def policy(self, tenant: str) -> TenantPolicy:
+        return self._tenants.get(tenant, self.defaults)
+
+
+def _no_limits() -> dict[str, Any]:
+    return {"max_in_flight": None, "submissions_per_minute": None}

@@ -1,0 +1,338 @@
+"""API keys, tenant isolation (a BOLA sweep over every route in the OpenAPI spec), admin-only
+routes, quotas answered with 429 + Retry-After, per-tenant caps, priority classes."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backburner.keys import KeysFile, key_hash
+
+from ..helpers import eventually
+from .conftest import Server, assert_error, serve
+
+KEY_A = "bb_tenant-a-key-" + "a" * 30
+KEY_B = "bb_tenant-b-key-" + "b" * 30
+ADMIN = "bb_admin-key-" + "c" * 30
+TENANTS = (
+    '{"defaults": {"max_in_flight": 50, "submissions_per_minute": 0},'
+    ' "tenants": {"tiny": {"max_in_flight": 2, "max_prompt_chars": 20, "max_tokens": 8},'
+    ' "slow": {"submissions_per_minute": 2}}}'
+)
+KEYED: dict[str, Any] = {
+    "api_keys": f"acme:{KEY_A},globex:{key_hash(KEY_B)},tiny:bb_tiny-{'t' * 30},"
+    f"slow:bb_slow-{'s' * 30}",
+    "admin_keys": f"ops:{ADMIN}",
+    "tenants": TENANTS,
+}
+TINY = f"bb_tiny-{'t' * 30}"
+SLOW = f"bb_slow-{'s' * 30}"
+
+
+def as_(server: Server, key: str | None) -> httpx.AsyncClient:
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    transport = httpx.ASGITransport(server.app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=headers)
+
+
+@asynccontextmanager
+async def keyed(tmp_path: Path, **extra: Any) -> AsyncIterator[Server]:
+    async with serve("asgi", tmp_path, **{**KEYED, **extra}) as server:
+        yield server
+
+
+async def submit(client: httpx.AsyncClient, type: str = "quick", **body: Any) -> str:
+    response = await client.post("/v1/tasks", json={"type": type, "input": {}, **body})
+    assert response.status_code == 202, response.text
+    return str(response.json()["task_id"])
+
+
+async def finished(client: httpx.AsyncClient, task_id: str, status: str) -> None:
+    async def reached() -> bool:
+        response = await client.get(f"/v1/tasks/{task_id}")
+        return bool(response.json()["status"] == status)
+
+    await eventually(reached, message=f"{task_id} {status}")
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+async def test_a_key_is_required_and_never_reveals_a_tenant(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server:
+        async with as_(server, None) as anonymous:
+            missing = await anonymous.get("/v1/tasks")
+            assert_error(missing, 401, "unauthorized")
+            assert missing.headers["WWW-Authenticate"].startswith("Bearer")
+            assert (await anonymous.get("/healthz")).status_code == 200
+            assert (await anonymous.post("/v1/tasks", json={"type": "quick"})).status_code == 401
+        for wrong in ["bb_nobody", KEY_A + "x", key_hash(KEY_A).split(":")[1], "acme"]:
+            async with as_(server, wrong) as stranger:
+                refused = await stranger.get("/v1/tasks")
+                body = assert_error(refused, 401, "unauthorized")
+                assert "acme" not in body["message"]
+                assert body == assert_error(await stranger.get("/v1/stats"), 401)
+        for key in (KEY_A, KEY_B, ADMIN):
+            async with as_(server, key) as known:
+                assert (await known.get("/v1/tasks")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Basic YWxhZGRpbjpvcGVu",
+        "Bearer",
+        "Bearer ",
+        f"Bearer {KEY_A} extra",
+        f"Token {KEY_A}",
+        "Bearer key;drop",
+        f"Bearer\t{KEY_A}",
+        f"Bearer {key_hash(KEY_A)}",
+    ],
+)
+async def test_a_malformed_authorization_header_is_a_400(tmp_path: Path, header: str) -> None:
+    async with keyed(tmp_path) as server, as_(server, None) as client:
+        response = await client.get("/v1/tasks", headers={"Authorization": header})
+        assert_error(response, 400, "invalid_authorization")
+
+
+async def test_two_authorization_headers_are_a_400(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, None) as client:
+        headers = [("Authorization", f"Bearer {KEY_A}"), ("Authorization", f"Bearer {KEY_B}")]
+        response = await client.get("/v1/tasks", headers=headers)
+        assert_error(response, 400, "invalid_authorization")
+
+
+async def test_the_scheme_is_case_insensitive(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, None) as client:
+        response = await client.get("/v1/tasks", headers={"Authorization": f"bearer {KEY_A}"})
+        assert response.status_code == 200
+
+
+async def test_keys_from_the_keys_file_come_and_go_while_it_runs(tmp_path: Path) -> None:
+    keys = KeysFile(tmp_path / "keys.json")
+    first = keys.create("acme")
+    async with serve("asgi", tmp_path, keys_file=str(keys.path)) as server:
+        async with as_(server, first) as client:
+            assert (await client.get("/v1/usage")).json()["tenant"] == "acme"
+        second = keys.create("globex", admin=True)
+        async with as_(server, second) as client:
+
+            async def accepted() -> bool:
+                return (await client.get("/v1/stats")).status_code == 200
+
+            await eventually(accepted, message="the new admin key accepted")
+        (stored,) = [k for k in keys.read() if k.tenant == "acme"]
+        assert keys.revoke(stored.id) is True
+        async with as_(server, first) as client:
+
+            async def refused() -> bool:
+                return (await client.get("/v1/usage")).status_code == 401
+
+            await eventually(refused, message="the revoked key refused")
+    assert first not in (tmp_path / "keys.json").read_text()
+    assert (tmp_path / "keys.json").stat().st_mode & 0o077 == 0
+
+
+async def test_without_keys_every_caller_is_the_default_tenant(tmp_path: Path) -> None:
+    async with serve("asgi", tmp_path) as server, as_(server, "anything") as client:
+        usage = (await client.get("/v1/usage")).json()
+        assert usage["tenant"] == "default" and usage["admin"] is True
+        assert usage["max_in_flight"] is None
+        task_id = await submit(client)
+        assert (await client.get(f"/v1/tasks/{task_id}")).json()["tenant"] == "default"
+
+
+# -- isolation --------------------------------------------------------------------------------
+
+
+def _task_routes(server: Server) -> list[tuple[str, str]]:
+    """Every (method, path) of the spec that names one task: the sweep's subject."""
+    spec = server.app.openapi()
+    found = [
+        (method.upper(), path)
+        for path, operations in spec["paths"].items()
+        if "{task_id}" in path
+        for method in operations
+    ]
+    assert len(found) >= 7, found  # get, events, cancel, delete, webhooks, redeliver, replay
+    return found
+
+
+def _normalise(body: dict[str, Any], task_id: str) -> dict[str, Any]:
+    return {"error": {k: str(v).replace(task_id, "<id>") for k, v in body["error"].items()}}
+
+
+async def test_bola_sweep_every_task_route_answers_404_to_another_tenant(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a, as_(server, KEY_B) as b:
+        done = await submit(a)
+        failed = await submit(a, "doomed")
+        queued = await submit(a, "quick", delay_s=3600)
+        await finished(a, done, "completed")
+        await finished(a, failed, "failed")
+        before = {t: (await a.get(f"/v1/tasks/{t}")).json() for t in (done, failed, queued)}
+        for method, path in _task_routes(server):
+            for victim in (done, failed, queued):
+                foreign = await b.request(method, path.replace("{task_id}", victim))
+                missing_id = "task_" + uuid.uuid4().hex
+                missing = await b.request(method, path.replace("{task_id}", missing_id))
+                where = f"{method} {path} on a {before[victim]['status']} job"
+                assert foreign.status_code == 404, (where, foreign.text)
+                assert missing.status_code == 404, (where, missing.text)
+                assert _normalise(foreign.json(), victim) == _normalise(
+                    missing.json(), missing_id
+                ), where
+                assert set(foreign.headers) - {"content-length"} == set(missing.headers) - {
+                    "content-length"
+                }, where
+        # Nothing happened to A's jobs, and A still reaches every one of them.
+        for task_id, was in before.items():
+            now = (await a.get(f"/v1/tasks/{task_id}")).json()
+            assert (now["status"], now["attempts"]) == (was["status"], was["attempts"])
+        for method, path in _task_routes(server):
+            if method == "GET":
+                own = await a.request(method, path.replace("{task_id}", done))
+                assert own.status_code == 200, (path, own.text)
+
+
+async def test_listings_show_only_the_callers_jobs(tmp_path: Path) -> None:
+    async with (
+        keyed(tmp_path) as server,
+        as_(server, KEY_A) as a,
+        as_(server, KEY_B) as b,
+        as_(server, ADMIN) as admin,
+    ):
+        mine = {await submit(a, "doomed") for _ in range(3)}
+        theirs = {await submit(b, "doomed") for _ in range(2)}
+        for task_id in mine | theirs:
+            await finished(admin, task_id, "failed")
+        for path in ("/v1/tasks", "/v1/dlq"):
+            seen_a = {j["task_id"] for j in (await a.get(path)).json()["data"]}
+            seen_b = {j["task_id"] for j in (await b.get(path)).json()["data"]}
+            seen_all = {j["task_id"] for j in (await admin.get(path)).json()["data"]}
+            assert (seen_a, seen_b) == (mine, theirs), path
+            assert seen_all == mine | theirs, path
+            only_a = await admin.get(path, params={"tenant": "acme"})
+            assert {j["task_id"] for j in only_a.json()["data"]} == mine
+            assert_error(await b.get(path, params={"tenant": "acme"}), 403, "forbidden")
+            own = await b.get(path, params={"tenant": "globex"})
+            assert {j["task_id"] for j in own.json()["data"]} == theirs
+
+
+async def test_every_collection_route_hides_other_tenants_ids(tmp_path: Path) -> None:
+    """The other half of the sweep: every GET route without an id, from the spec."""
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a, as_(server, KEY_B) as b:
+        secret = await submit(a, "doomed")
+        await finished(a, secret, "failed")
+        spec = server.app.openapi()
+        routes = [p for p, ops in spec["paths"].items() if "{" not in p and "get" in ops]
+        assert {"/v1/tasks", "/v1/dlq", "/v1/usage", "/v1/stats"} <= set(routes)
+        for path in routes:
+            answer = await b.get(path)
+            assert answer.status_code in (200, 403), (path, answer.text)
+            assert secret not in answer.text, path
+
+
+async def test_admin_routes_need_an_admin_key(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a, as_(server, ADMIN) as admin:
+        for path in ("/v1/stats", "/v1/webhooks/failed"):
+            assert_error(await a.get(path), 403, "forbidden")
+            assert (await admin.get(path)).status_code == 200
+        task_id = await submit(a, "doomed")
+        await finished(a, task_id, "failed")
+        replayed = await admin.post(f"/v1/dlq/{task_id}/replay")
+        assert replayed.status_code == 200 and replayed.json()["tenant"] == "acme"
+
+
+async def test_idempotency_keys_are_per_tenant(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a, as_(server, KEY_B) as b:
+        body = {"type": "quick", "input": {}}
+        first = await a.post("/v1/tasks", json=body, headers={"Idempotency-Key": "order-1"})
+        other = await b.post(
+            "/v1/tasks",
+            json={"type": "quick", "input": {"seconds": 0.01}},
+            headers={"Idempotency-Key": "order-1"},
+        )
+        assert (first.status_code, other.status_code) == (202, 202)
+        assert first.json()["task_id"] != other.json()["task_id"]
+        again = await a.post("/v1/tasks", json=body, headers={"Idempotency-Key": "order-1"})
+        assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
+
+
+async def test_a_foreign_id_takes_about_as_long_as_a_missing_one(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a, as_(server, KEY_B) as b:
+        victim = await submit(a, "quick", delay_s=3600)
+        foreign: list[float] = []
+        missing: list[float] = []
+        for _ in range(40):  # interleaved, so drift in the machine's speed hits both
+            for ids, times in ((victim, foreign), ("task_" + uuid.uuid4().hex, missing)):
+                start = time.perf_counter()
+                assert (await b.get(f"/v1/tasks/{ids}")).status_code == 404
+                times.append(time.perf_counter() - start)
+        ratio = statistics.median(foreign) / statistics.median(missing)
+        assert 0.5 < ratio < 2.0, ratio
+
+
+# -- quotas, rates, caps, priority classes ----------------------------------------------------
+
+
+async def test_the_in_flight_quota_answers_429_with_retry_after(tmp_path: Path) -> None:
+    async with keyed(tmp_path, run_worker=False) as server, as_(server, TINY) as tiny:
+        await submit(tiny)
+        await submit(tiny)
+        refused = await tiny.post("/v1/tasks", json={"type": "quick", "input": {}})
+        body = assert_error(refused, 429, "quota_exceeded")
+        assert "2" in body["message"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        usage = (await tiny.get("/v1/usage")).json()
+        assert (usage["in_flight"], usage["max_in_flight"]) == (2, 2)
+        async with as_(server, KEY_A) as a:  # another tenant is not affected
+            await submit(a)
+        listed = (await tiny.get("/v1/tasks")).json()["data"]
+        assert len(listed) == 2
+        await tiny.post(f"/v1/tasks/{listed[0]['task_id']}/cancel")
+        await submit(tiny)
+
+
+async def test_the_submission_rate_answers_429_with_retry_after(tmp_path: Path) -> None:
+    async with keyed(tmp_path, run_worker=False) as server, as_(server, SLOW) as slow:
+        await submit(slow)
+        await submit(slow)
+        refused = await slow.post("/v1/tasks", json={"type": "quick", "input": {}})
+        assert_error(refused, 429, "rate_limited")
+        assert 1 <= int(refused.headers["Retry-After"]) <= 30
+
+
+async def test_prompt_and_max_tokens_caps_are_per_tenant(tmp_path: Path) -> None:
+    async with keyed(tmp_path, run_worker=False) as server, as_(server, TINY) as tiny:
+        long = await tiny.post("/v1/generate", json={"prompt": "x" * 21})
+        assert re.search(r"limit is 20\b", assert_error(long, 422)["message"])
+        many = await tiny.post("/v1/generate", json={"prompt": "hi", "max_tokens": 9})
+        assert "8" in assert_error(many, 422)["message"]
+        ok = await tiny.post("/v1/generate", json={"prompt": "hi", "max_tokens": 8})
+        assert ok.status_code == 202, ok.text
+        async with as_(server, KEY_A) as a:
+            roomy = await a.post("/v1/generate", json={"prompt": "x" * 21, "max_tokens": 9})
+            assert roomy.status_code == 202
+
+
+async def test_priority_classes_by_name(tmp_path: Path) -> None:
+    async with keyed(tmp_path, run_worker=False) as server, as_(server, KEY_A) as a:
+        urgent = await submit(a, priority="interactive")
+        bulk = await submit(a, priority="batch")
+        number = await submit(a, priority=7)
+        got = [(await a.get(f"/v1/tasks/{t}")).json()["priority"] for t in (urgent, bulk, number)]
+        assert got == [10, -10, 7]
+        unknown = await a.post("/v1/tasks", json={"type": "quick", "priority": "urgent"})
+        assert "interactive" in assert_error(unknown, 422)["message"]
+        usage = (await a.get("/v1/usage")).json()
+        assert usage["priority_classes"] == {"interactive": 10, "default": 0, "batch": -10}

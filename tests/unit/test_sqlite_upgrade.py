@@ -1,0 +1,104 @@
+"""A SQLite file of a release before tenants (schema version 1, without the tenant columns,
+tables and indexes) is brought up to date when opened, and its jobs carry on: they belong to
+the default tenant, count in flight, and queued ones are claimed in order."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from backburner.backends.base import Complete, Release
+from backburner.backends.sqlite import SQLiteBackend
+from backburner.models import JobStatus
+from tests.conformance._support import LEASE, T0, new_job
+
+BEFORE_TENANTS = [
+    "DROP TRIGGER jobs_line_insert",
+    "DROP TRIGGER jobs_line_status",
+    "DROP TRIGGER jobs_line_tag",
+    "DROP TRIGGER jobs_line_delete",
+    "DROP INDEX jobs_claim",
+    "DROP INDEX jobs_untagged",
+    "DROP INDEX jobs_tenant",
+    "DROP TABLE tenant_lines",
+    "DROP TABLE fair_clocks",
+    "DROP TABLE tenant_rates",
+    "ALTER TABLE jobs DROP COLUMN tenant",
+    "ALTER TABLE jobs DROP COLUMN fair_cost",
+    "ALTER TABLE jobs DROP COLUMN fair_tag",
+    "ALTER TABLE jobs DROP COLUMN traceparent",
+    "CREATE INDEX jobs_queue ON jobs(priority DESC, run_at, seq) WHERE status = 'queued'",
+]
+"""What turns a file of this release into one of the release before tenants."""
+
+
+def _schema_names(path: str) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    conn.close()
+    return names
+
+
+async def test_a_file_from_before_tenants_is_upgraded_and_its_jobs_carry_on(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "old.db")
+    engine = SQLiteBackend(path)
+    await engine.connect()
+    try:
+        running, _ = await engine.enqueue(new_job(payload={"n": 0}))
+        (claimed,) = await engine.claim("w1", limit=1, now=T0, lease_s=LEASE)
+        first, _ = await engine.enqueue(new_job(payload={"n": 2}))
+        second, _ = await engine.enqueue(new_job(payload={"n": 3}))
+        later, _ = await engine.enqueue(new_job(payload={"n": 4}, run_at=T0 + 10))
+    finally:
+        await engine.close()
+    with sqlite3.connect(path) as conn:
+        for statement in BEFORE_TENANTS:
+            conn.execute(statement)
+        conn.execute(  # a finished job, which does not count in flight
+            "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint, created_at,"
+            " run_at, max_attempts, metadata, ttl_s, finished_at)"
+            " VALUES ('task_done', 'summarize', 'completed', 0, '{}', 'fp', ?, ?, 1, '{}', 60, ?)",
+            (T0, T0, T0),
+        )
+    conn.close()
+    assert "jobs_queue" in _schema_names(path)
+
+    for _ in range(2):  # the second open finds the file up to date and counts nothing twice
+        engine = SQLiteBackend(path)
+        await engine.connect()
+        try:
+            assert await engine.tenant_in_flight("default") == 4
+            stored = await engine.get(first.task_id)
+            assert stored is not None and stored.tenant == "default"
+            assert stored.traceparent is None
+        finally:
+            await engine.close()
+    names = _schema_names(path)
+    assert "jobs_queue" not in names
+    assert {"jobs_claim", "jobs_untagged", "jobs_tenant", "tenant_lines", "fair_clocks"} <= names
+
+    engine = SQLiteBackend(path)
+    await engine.connect()
+    try:
+        page = await engine.list_jobs(tenant="default", limit=10)
+        assert len(page.jobs) == 5
+        # Jobs queued before the upgrade have no place in a line yet: they take one, in
+        # (run_at, enqueue order), at the first claim after they are due.
+        await engine.finish(running.task_id, claimed.fence, Release(), now=T0 + 1)
+        jobs = await engine.claim("w1", limit=10, now=T0 + 1, lease_s=LEASE)
+        assert [j.task_id for j in jobs] == [first.task_id, second.task_id, running.task_id]
+        (due,) = await engine.claim("w1", limit=10, now=T0 + 10, lease_s=LEASE)
+        assert due.task_id == later.task_id
+        assert await engine.tenant_in_flight("default") == 4
+        await engine.finish(due.task_id, due.fence, Complete(None), now=T0 + 11)
+        assert await engine.tenant_in_flight("default") == 3
+        # New jobs mix with them, counted and ordered by tenant.
+        acme, _ = await engine.enqueue(new_job(tenant="acme", now=T0 + 12))
+        assert await engine.tenant_in_flight("acme") == 1
+        (picked,) = await engine.claim("w1", limit=10, now=T0 + 12, lease_s=LEASE)
+        assert picked.task_id == acme.task_id and picked.status == JobStatus.PROCESSING
+    finally:
+        await engine.close()
