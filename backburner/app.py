@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -23,6 +24,7 @@ from .jsoncodec import round_trip
 from .models import Event, Job, JobStatus, WebhookDelivery
 from .observability.metrics import Metrics
 from .observability.tracing import Tracing
+from .pipelines import ParentWaker, cancel_children, pipeline_handler
 from .providers.job_llm import LimitSettings
 from .providers.routing import ModelRouter
 from .settings import Settings
@@ -109,7 +111,7 @@ class Backburner:
             self.backend = backend
         self.metrics = Metrics()
         """Prometheus metrics of this process (``GET /metrics``; docs/metrics.md)."""
-        self.hooks = HookChain([self.metrics.hook(), *hooks])
+        self.hooks = HookChain([self.metrics.hook(), ParentWaker(self), *hooks])
         self.clock: Clock = clock or SystemClock()
         self.tenants = TenantPolicies.from_source(self.settings.tenants)
         """Each tenant's limits and fair-share weight (the ``tenants`` setting)."""
@@ -186,6 +188,26 @@ class Backburner:
                 permanent_on=permanent_on,
             )
             self.register(definition)
+            with contextlib.suppress(AttributeError):  # ctx.map(name, fn, ...) finds it by this
+                fn.__backburner_task__ = task_name  # type: ignore[attr-defined]
+            return fn
+
+        return decorator
+
+    def pipeline(self, name: str | Handler | None = None, **options: Any) -> Any:
+        """Register ``fn(ctx, **input)`` as a durable pipeline (usable bare or called, with the
+        options of ``task``): ``ctx.step`` stores each step's result, ``ctx.map`` and
+        ``ctx.spawn`` run child jobs while the pipeline waits without a worker slot; after a
+        crash it runs again from the top and completed steps are not repeated
+        (docs/pipelines.md)."""
+        if callable(name):
+            return self.pipeline()(name)
+
+        def decorator(fn: H) -> H:
+            task_name = name if isinstance(name, str) else fn.__name__
+            self.task(task_name, **options)(pipeline_handler(self, fn))
+            with contextlib.suppress(AttributeError):
+                fn.__backburner_task__ = task_name  # type: ignore[attr-defined]
             return fn
 
         return decorator
@@ -264,6 +286,7 @@ class Backburner:
         request_fingerprint: str | None = None,
         traceparent: str | None = None,
         tenant: str = DEFAULT_TENANT,
+        parent_id: str | None = None,
     ) -> NewJob:
         """Validate an enqueue request and return what would be stored (stores nothing).
 
@@ -347,6 +370,7 @@ class Backburner:
             traceparent=traceparent,
             tenant=tenant,
             fair_cost=self.tenants.policy(tenant).fair_cost,
+            parent_id=parent_id,
         )
 
     async def enqueue(self, task: str, input: dict[str, Any] | None = None, **options: Any) -> Job:
@@ -368,17 +392,19 @@ class Backburner:
         input: dict[str, Any] | None = None,
         *,
         caller_traceparent: str | None = None,
+        limits: bool = True,
         **options: Any,
     ) -> tuple[Job, bool]:
         """Like enqueue, and also say whether the job is new (False: an idempotent repeat).
 
         ``caller_traceparent``: the W3C trace context of the request that asked for the job
-        (the API passes its ``traceparent`` header), for the job's spans to join."""
+        (the API passes its ``traceparent`` header), for the job's spans to join. ``limits``
+        False skips the tenant's quota (a pipeline's children: the pipeline was admitted)."""
         with self.tracing.submit(task, caller_traceparent) as span:
             traceparent = self.tracing.current_traceparent()
             new = self.build_job(task, input, traceparent=traceparent, **options)
             await self.connect()
-            quota = self.tenants.policy(new.tenant).quota()
+            quota = self.tenants.policy(new.tenant).quota() if limits else None
             job, created = await self.backend.enqueue(new, quota=quota)
             if span is not None:
                 span.set_attribute("backburner.task_id", job.task_id)
@@ -424,9 +450,10 @@ class Backburner:
         limit: int = 50,
         cursor: str | None = None,
         tenant: str | None = None,
+        parent_id: str | None = None,
     ) -> Page:
-        """Jobs newest first (``tenant``'s only, if given); pass ``page.next_cursor`` for the
-        next page."""
+        """Jobs newest first (``tenant``'s only, or ``parent_id``'s children, if given); pass
+        ``page.next_cursor`` for the next page."""
         if status is not None:
             try:
                 status = JobStatus(status)
@@ -436,7 +463,7 @@ class Backburner:
             raise InvalidInputError("limit must be within 1..1000")
         await self.connect()
         return await self.backend.list_jobs(
-            status=status, type=type, tenant=tenant, limit=limit, cursor=cursor
+            status=status, type=type, tenant=tenant, parent_id=parent_id, limit=limit, cursor=cursor
         )
 
     async def dead_letters(
@@ -478,6 +505,8 @@ class Backburner:
                 for worker in self._workers:  # a worker in this process can stop it at once
                     worker.cancel_local(task_id, before.fence)
             await self.hooks.cancel(job)
+        if job.status == JobStatus.CANCELLED:
+            await cancel_children(self, task_id)  # a pipeline's children go with it
         return job
 
     async def webhooks(
@@ -518,7 +547,12 @@ class Backburner:
         definition = self.tasks.get(job.type)
         budget = max_attempts or (definition.max_attempts if definition else None)
         budget = budget or self.settings.default_max_attempts
-        return await self.backend.replay(task_id, now=self.clock.now(), extra_attempts=budget)
+        return await self.backend.replay(
+            task_id,
+            now=self.clock.now(),
+            extra_attempts=budget,
+            quota=self.tenants.policy(job.tenant).quota(),
+        )
 
     async def delete(self, task_id: str, *, tenant: str | None = None) -> None:
         """Delete a terminal job and its events now. JobNotFoundError if missing."""

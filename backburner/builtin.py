@@ -1,4 +1,5 @@
-"""Built-in tasks the service offers: ``generate`` (POST /v1/generate)."""
+"""Built-in tasks the service offers: ``generate`` (POST /v1/generate) and the ``batch``
+pipeline (POST /v1/batches: one ``generate`` child per request)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,29 @@ from typing import Any
 
 from .app import Backburner
 from .context import JobContext
+from .models import JobStatus
+from .pipelines import PipelineContext
 
 GENERATE = "generate"
-
-
-def prompt_chars(prompt: str | None, messages: list[dict[str, Any]] | None) -> int:
-    """How long a request's text is, for the API's prompt-size limit."""
-    if prompt is not None:
-        return len(prompt)
-    return sum(len(str(m.get("content", ""))) for m in messages or [])
+BATCH = "batch"
+BATCH_STEP = "requests"
+"""The name of the batch pipeline's one ``map``: its children are the batch's requests."""
 
 
 def install_builtin_tasks(bb: Backburner) -> None:
-    """Register ``generate`` on ``bb`` unless it already has a task of that name."""
-    if GENERATE in bb.tasks:
-        return
+    """Register ``generate`` and ``batch`` on ``bb`` unless it has tasks of those names, and
+    ``research`` over ``settings.research_folder`` when that is set."""
+    if GENERATE not in bb.tasks:
+        _install_generate(bb)
+    if BATCH not in bb.tasks:
+        _install_batch(bb)
+    if bb.settings.research_folder is not None and "research" not in bb.tasks:
+        from .research import install_research  # its BM25 library is an optional extra
 
+        install_research(bb, folder=bb.settings.research_folder)
+
+
+def _install_generate(bb: Backburner) -> None:
     @bb.task(name=GENERATE, max_attempts=3, timeout=600)
     async def generate(
         ctx: JobContext,
@@ -48,3 +56,43 @@ def install_builtin_tasks(bb: Backburner) -> None:
             "finish_reason": result.usage.finish_reason,
             "simulated": result.simulated,
         }
+
+
+def _install_batch(bb: Backburner) -> None:
+    async def batch(ctx: PipelineContext, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        """Run each request (``{custom_id, prompt | messages, model, ...}``, checked by the
+        API) as a ``generate`` child with its custom_id in the child's metadata, at the
+        batch's priority. A failed request does not fail the batch: it ends when all did."""
+        inputs = [{k: v for k, v in r.items() if k != "custom_id"} for r in requests]
+        await ctx.map(
+            BATCH_STEP,
+            GENERATE,
+            inputs,
+            partial=True,
+            metadata=[{"custom_id": r["custom_id"]} for r in requests],
+            priority=ctx.job.priority,
+        )
+        return {"request_counts": await count_children(bb, ctx.job_id), "total": len(requests)}
+
+    batch.__backburner_builtin__ = True  # type: ignore[attr-defined]  # see has_builtin_batch
+    bb.pipeline(name=BATCH, max_attempts=3, timeout=3600)(batch)
+
+
+def has_builtin_batch(bb: Backburner) -> bool:
+    """True if ``bb``'s ``batch`` task is this module's pipeline (an application may have a
+    task of its own by that name: then it has no batch API, and its task is its own)."""
+    definition = bb.tasks.get(BATCH)
+    return definition is not None and getattr(definition.handler, "__backburner_builtin__", False)
+
+
+async def count_children(bb: Backburner, parent_id: str) -> dict[str, int]:
+    """How many of a job's children are in each status (every status, zeros too)."""
+    counts = {status.value: 0 for status in JobStatus}
+    cursor: str | None = None
+    while True:
+        page = await bb.list(parent_id=parent_id, limit=1000, cursor=cursor)
+        for child in page.jobs:
+            counts[child.status.value] += 1
+        if page.next_cursor is None:
+            return counts
+        cursor = page.next_cursor

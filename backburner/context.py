@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from .providers.job_llm import JobLLM, LimitSettings
     from .providers.routing import ModelRouter
 
-RESERVED_EVENT_TYPES = frozenset({"status", "attempt_failed", "progress"})
+RESERVED_EVENT_TYPES = frozenset({"status", "attempt_failed", "progress", "step", "spawned"})
+"""Event types only the engine writes (``step``/``spawned``: a pipeline's stored results)."""
 
 _current: ContextVar[JobContext] = ContextVar("backburner_current_job")
 

@@ -27,7 +27,10 @@ The tree::
     ├── WebhookVerificationError    a received webhook did not verify (header, time, signature)
     └── TaskError                   raised by handlers to steer the retry policy
         ├── Retry                   retry this attempt, optionally after a delay
+        ├── Suspend                 park the job, attempt not charged, until woken or a time
         ├── PermanentError          fail the job at once, no retry
+        │   ├── PipelineDefinitionError  a step name repeated, or steps in another order
+        │   └── ChildFailedError         a pipeline's child failed for good (names it)
         └── ProviderError           a model provider failed (``code`` names how, on the job)
             ├── RateLimitedError            429, or 503 with Retry-After   (a Retry)
             ├── ProviderUnavailableError    5xx, connection, timeout        (a Retry)
@@ -215,6 +218,32 @@ class Retry(TaskError):  # noqa: N818 - a verb reads better at the raise site
 
 class PermanentError(TaskError):
     """Fail the job now: retrying cannot help (bad input, context too long, ...)."""
+
+
+class Suspend(TaskError):  # noqa: N818 - a verb reads better at the raise site
+    """Park the job without charging an attempt: it runs again after ``after`` seconds, or as
+    soon as it is woken (a pipeline raises it while its children run)."""
+
+    def __init__(self, reason: str = "waiting", *, after: float) -> None:
+        if not (0 <= after < float("inf")):
+            raise ValueError(f"Suspend(after=...) must be a finite number >= 0, got {after!r}")
+        super().__init__(reason)
+        self.reason = reason
+        self.after = after
+
+
+class PipelineDefinitionError(PermanentError):
+    """A pipeline's code broke a rule of durable steps: a step name used twice in a run, or
+    steps called in another order than in an earlier run of the same job."""
+
+
+class ChildFailedError(PermanentError):
+    """A pipeline's child job failed for good (or was cancelled, or expired)."""
+
+    def __init__(self, message: str, *, child_id: str, step: str) -> None:
+        super().__init__(message)
+        self.child_id = child_id
+        self.step = step
 
 
 class ProviderError(TaskError):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .backends.base import check_tenant
+from .backends.base import DEFAULT_TENANT, check_tenant
 from .errors import ConfigurationError, InvalidInputError
 from .settings import Settings
 
@@ -31,6 +31,26 @@ log = logging.getLogger("backburner.keys")
 
 KEY_PREFIX = "bb_"
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+"""What a key may look like: RFC 6750's b64token, all a Bearer header can carry."""
+
+
+def check_key_tenant(tenant: str) -> str:
+    """``tenant`` if a key may act for it (ConfigurationError if not). ``default`` is reserved
+    for library calls and the keyless API: it has no limits, and its idempotency keys are not
+    namespaced, so a key for it would reach past other tenants' keys."""
+    try:
+        check_tenant(tenant)
+    except InvalidInputError as exc:
+        raise ConfigurationError(str(exc)) from None
+    if tenant == DEFAULT_TENANT:
+        raise ConfigurationError(
+            f"the tenant {DEFAULT_TENANT!r} is reserved for library calls and the keyless API;"
+            " give the key a tenant of its own"
+        )
+    return tenant
+
+
 RELOAD_EVERY_S = 1.0
 """How often the keys file's modification time is looked at."""
 
@@ -88,6 +108,10 @@ class KeysFile:
         for key in keys:
             if not _HASH.fullmatch(key.hash):
                 raise ConfigurationError(f"the keys file {self.path} has a bad hash for {key.id}")
+            try:
+                check_key_tenant(key.tenant)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"the keys file {self.path}, {key.id}: {exc}") from None
         return keys
 
     @contextlib.contextmanager
@@ -108,10 +132,7 @@ class KeysFile:
 
     def create(self, tenant: str, *, admin: bool = False, name: str | None = None) -> str:
         """Store a new key's hash for ``tenant``; return the key (it is not kept anywhere)."""
-        try:
-            check_tenant(tenant)
-        except InvalidInputError as exc:
-            raise ConfigurationError(str(exc)) from None
+        check_key_tenant(tenant)
         key = new_key()
         entry = StoredKey(
             id="key_" + secrets.token_hex(6),
@@ -146,8 +167,8 @@ def _parse_entries(raw: str | None, setting: str, *, admin: bool) -> dict[str, P
         if not sep or not secret:
             raise ConfigurationError(f"{setting} entry {number} must be TENANT:KEY")
         try:
-            check_tenant(tenant)
-        except InvalidInputError as exc:
+            check_key_tenant(tenant)
+        except ConfigurationError as exc:
             raise ConfigurationError(f"{setting} entry {number}: {exc}") from None
         if secret.startswith("sha256:"):
             if not _HASH.fullmatch(secret):
@@ -155,6 +176,11 @@ def _parse_entries(raw: str | None, setting: str, *, admin: bool) -> dict[str, P
                     f"{setting} entry {number}: sha256: must be followed by 64 hex digits"
                 )
             digest = secret
+        elif not _TOKEN.fullmatch(secret):
+            raise ConfigurationError(
+                f"{setting} entry {number}: a key may hold only letters, digits and - . _ ~ + /"
+                " (what an Authorization: Bearer header can carry)"
+            )
         else:
             digest = key_hash(secret)
         found[digest] = Principal(tenant=tenant, admin=admin, key_id=f"{setting}#{number}")

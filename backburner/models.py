@@ -92,6 +92,8 @@ class Job(BaseModel):
     """The W3C trace context of whoever enqueued the job: its spans join that trace."""
     tenant: str = "default"
     """Who submitted the job (the API key's tenant); only that tenant and admins see it."""
+    parent_id: str | None = None
+    """The pipeline job that spawned this one, for a child job."""
     expires_at: float | None = None
     timeout_s: float | None = None
     deadline_at: float | None = None

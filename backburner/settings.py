@@ -56,6 +56,13 @@ class Settings:
     """Longest prompt (or all messages together) POST /v1/generate accepts."""
     max_tokens_limit: int = 4096
     """Largest max_tokens POST /v1/generate accepts."""
+    max_batch_requests: int = 10_000
+    """Most requests one batch (POST /v1/batches) may hold; beyond, 413 batch_too_large."""
+    max_batch_bytes: int = 64 * 1024 * 1024
+    """Largest body POST /v1/batches reads (its own limit: a batch is bigger than a task)."""
+    research_folder: str | None = None
+    """A folder of .md/.markdown/.txt/.rst files: the built-in ``research`` pipeline answers
+    questions from it (docs/pipelines.md). None: no research task."""
     sse_keepalive_s: float = 15.0
     """How often an idle event stream sends a keep-alive comment."""
     models: str | None = None
@@ -87,6 +94,9 @@ class Settings:
     tenants: str | None = None
     """Per-tenant limits and weights: a TOML or JSON file's path, or inline JSON (see
     backburner/tenants.py). None: the built-in defaults."""
+    pipeline_poll_s: float = 5.0
+    """How often a pipeline waiting for children runs again to report their progress (the last
+    child to end wakes it at once)."""
     priority_classes: str = "interactive=10,default=0,batch=-10"
     """Names a job's priority may be given by, ``name=number`` comma-separated."""
 
@@ -112,9 +122,12 @@ class Settings:
             "max_json_depth",
             "max_prompt_chars",
             "max_tokens_limit",
+            "max_batch_requests",
+            "max_batch_bytes",
             "sse_keepalive_s",
             "webhook_timeout_s",
             "webhook_concurrency",
+            "pipeline_poll_s",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -40,6 +40,7 @@ def test_every_python_example_is_covered() -> None:
         "class RateLimited",
         "req-42",
         "ctx.llm.generate",
+        "@bb.pipeline",
     )
     assert len(PYTHON) == len(markers)
     for marker in markers:
@@ -180,3 +181,19 @@ def test_tenant_keys_example_against_a_live_server(tmp_path: Path) -> None:
     usage = json.loads(done.stdout)
     assert (usage["tenant"], usage["max_in_flight"], usage["in_flight"]) == ("acme", 5, 0)
     assert json.loads(refused.stdout)["error"]["type"] == "unauthorized"
+
+
+async def test_pipeline_example_runs() -> None:
+    from backburner import Settings
+
+    bb = Backburner("memory://", settings=Settings(pipeline_poll_s=0.5))
+    namespace: dict[str, Any] = {"bb": bb}
+    exec(compile(block(PYTHON, "@bb.pipeline"), "README-pipeline", "exec"), namespace)
+    async with bb, running_worker(bb, concurrency=1):
+        job = await bb.enqueue("research", {"question": "leases"})
+        done = await bb.wait(job.task_id, timeout=30)
+        children = await bb.list(parent_id=job.task_id)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == {"answer": "leases: 2 passages"}
+    assert sorted(c.input["query"] for c in children.jobs) == ["history of leases", "leases"]
+    assert {c.priority for c in children.jobs} == {10}  # interactive

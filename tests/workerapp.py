@@ -34,3 +34,24 @@ async def sleepy(ctx: JobContext, seconds: float, marker_dir: str | None = None)
 @bb.task
 async def noop(ctx: JobContext) -> None:
     return None
+
+
+@bb.pipeline(max_attempts=5)
+async def four_steps(ctx: Any, marker_dir: str) -> dict[str, Any]:
+    """A pipeline whose steps leave a line each time they run; step 3 holds until the file
+    ``release`` exists in ``marker_dir`` (so a test can kill the worker in the middle of it)."""
+
+    def record(step: str) -> str:
+        _mark(marker_dir, "steps", step)
+        return step
+
+    async def held(step: str) -> str:
+        record(step)
+        while not (Path(marker_dir) / "release").exists():
+            await asyncio.sleep(0.05)
+        return step
+
+    done = [await ctx.step("one", record, "one"), await ctx.step("two", record, "two")]
+    done.append(await ctx.step("three", held, "three"))
+    done.append(await ctx.step("four", record, "four"))
+    return {"steps": done, "pid": os.getpid()}

@@ -13,8 +13,9 @@ from .. import __version__
 from ..app import Backburner
 from ..builtin import install_builtin_tasks
 from ..settings import Settings
+from .batches import BATCHES, batch_body_limit, build_batch_router
 from .errors import install_error_handlers
-from .limits import BodyLimitMiddleware
+from .limits import BodyLimitMiddleware, SingleQueryValuesMiddleware
 from .routes import Api, build_router
 
 log = logging.getLogger("backburner.api")
@@ -62,7 +63,13 @@ def create_app(
     app.state.api = api
     app.state.keys = api.keys
     router = build_router(api)
+    router.include_router(build_batch_router(api))
     install_error_handlers(app, router.routes)
     app.include_router(router)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        routes={BATCHES: batch_body_limit(settings.max_batch_bytes)},
+    )
+    app.add_middleware(SingleQueryValuesMiddleware)
     return app

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from ..app import Backburner
 from ..backends.base import fingerprint
-from ..builtin import GENERATE, prompt_chars
+from ..builtin import BATCH, GENERATE, has_builtin_batch
 from ..errors import InvalidInputError, PermissionDeniedError, QuotaExceededError
 from ..jsoncodec import depth
 from ..keys import KeyRing, Principal
@@ -82,6 +82,31 @@ class Api:
         typical, remaining = await self.estimator.for_job(job)
         return JobView.of(job, estimate=typical, remaining=remaining)
 
+    def generation_caps(self, tenant: str) -> tuple[int, int]:
+        """(longest prompt in characters, largest max_tokens) for the tenant's generations."""
+        policy = self.bb.tenants.policy(tenant)
+        return (
+            min(self.settings.max_prompt_chars, policy.max_prompt_chars or 1 << 62),
+            min(self.settings.max_tokens_limit, policy.max_tokens or 1 << 62),
+        )
+
+    def check_generation_caps(self, caller: Principal, payload: dict[str, Any]) -> None:
+        """The caller's prompt-size and max_tokens caps for a ``generate`` job, however it was
+        submitted (``/v1/generate`` or ``/v1/tasks``). Input of the wrong shape is left to the
+        task's own check."""
+        max_chars, max_tokens = self.generation_caps(caller.tenant)
+        prompt, messages = payload.get("prompt"), payload.get("messages")
+        chars = 0
+        if isinstance(prompt, str):
+            chars = len(prompt)
+        elif isinstance(messages, list):
+            chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+        if chars > max_chars:
+            raise InvalidInputError(f"the prompt has {chars} characters; the limit is {max_chars}")
+        requested = payload.get("max_tokens")
+        if isinstance(requested, int) and requested > max_tokens:
+            raise InvalidInputError(f"max_tokens is limited to {max_tokens}")
+
     def check_json(self, *values: Any) -> None:
         for value in values:
             if depth(value) > self.settings.max_json_depth:
@@ -103,6 +128,10 @@ class Api:
     ) -> Accepted:
         if key is not None and not _KEY.match(key):
             raise InvalidInputError("Idempotency-Key must be 1..255 printable ASCII characters")
+        if task == GENERATE:
+            self.check_generation_caps(caller, payload)
+        if task == BATCH and has_builtin_batch(self.bb):  # checked request by request there
+            raise InvalidInputError("submit a batch with POST /v1/batches")
         try:
             job, created = await self.bb.submit(
                 task,
@@ -190,14 +219,6 @@ def build_router(api: Api) -> APIRouter:
         """Generate text with a configured model (``model`` omitted: the default model)."""
         api.check_json(body.metadata)
         messages = [m.model_dump() for m in body.messages] if body.messages else None
-        chars = prompt_chars(body.prompt, messages)
-        policy = bb.tenants.policy(caller.tenant)
-        max_chars = min(settings.max_prompt_chars, policy.max_prompt_chars or 1 << 62)
-        max_tokens = min(settings.max_tokens_limit, policy.max_tokens or 1 << 62)
-        if chars > max_chars:
-            raise InvalidInputError(f"the prompt has {chars} characters; the limit is {max_chars}")
-        if body.max_tokens > max_tokens:
-            raise InvalidInputError(f"max_tokens is limited to {max_tokens}")
         model = body.model or bb.models.default_model
         if model not in bb.models.routes:
             known = ", ".join(sorted(bb.models.routes))
@@ -399,8 +420,8 @@ def build_router(api: Api) -> APIRouter:
             max_in_flight=policy.max_in_flight,
             submissions_per_minute=policy.submissions_per_minute,
             weight=policy.weight,
-            max_prompt_chars=min(settings.max_prompt_chars, policy.max_prompt_chars or 1 << 62),
-            max_tokens=min(settings.max_tokens_limit, policy.max_tokens or 1 << 62),
+            max_prompt_chars=api.generation_caps(caller.tenant)[0],
+            max_tokens=api.generation_caps(caller.tenant)[1],
             priority_classes=bb.priority_classes,
         )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,8 +54,8 @@ class Message(BaseModel):
     content: str
 
 
-class GenerateCreate(BaseModel):
-    """POST /v1/generate: exactly one of ``prompt`` or ``messages``."""
+class Generation(BaseModel):
+    """What one generation asks for: exactly one of ``prompt`` or ``messages``."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -72,18 +72,23 @@ class GenerateCreate(BaseModel):
     stop: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
         default=None, max_length=4, description="Up to 4 sequences that end the text."
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class GenerateCreate(Generation):
+    """POST /v1/generate: exactly one of ``prompt`` or ``messages``."""
+
     priority: PriorityValue | None = Priority
     webhook_url: str | None = WebhookUrl
     webhook_progress: bool = Field(
         default=False, description="Also POST task.progress to webhook_url as progress is reported."
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> GenerateCreate:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt or messages")
-        return self
 
 
 class Accepted(BaseModel):
@@ -106,6 +111,9 @@ class JobView(BaseModel):
     status: JobStatus
     priority: int
     tenant: str = "default"
+    parent_id: str | None = Field(
+        default=None, description="The pipeline (or batch) that spawned this job, if any."
+    )
     input: dict[str, Any]
     created_at: float
     started_at: float | None
@@ -133,6 +141,7 @@ class JobView(BaseModel):
             status=job.status,
             priority=job.priority,
             tenant=job.tenant,
+            parent_id=job.parent_id,
             input=job.input,
             created_at=job.created_at,
             started_at=job.started_at,
@@ -193,6 +202,84 @@ class UsageView(BaseModel):
 class WebhookList(BaseModel):
     data: list[WebhookDelivery]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class BatchRequest(Generation):
+    """One request of a batch: a generation (as POST /v1/generate takes) and its custom_id."""
+
+    custom_id: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Your name for this request, unique within the batch: its result line's key.",
+    )
+
+
+class BatchOptions(BaseModel):
+    """What applies to a whole batch (POST /v1/batches, beside ``requests``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The model of every request that names none; omitted: the default model.",
+    )
+    priority: PriorityValue | None = Field(
+        default=None,
+        description="The priority of the batch and of each of its requests: -100..100, or a"
+        " class name (interactive, default, batch). Omitted: 0.",
+    )
+    webhook_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="POSTed the batch's outcome when it ends (task.completed, ...).",
+    )
+    webhook_progress: bool = Field(
+        default=False, description="Also POST task.progress to webhook_url as requests end."
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class BatchCreate(BatchOptions):
+    """POST /v1/batches: up to ``max_batch_requests`` generations run as one job."""
+
+    requests: list[BatchRequest] = Field(
+        min_length=1, description="The generations, each with a custom_id unique in the batch."
+    )
+
+
+class RequestCounts(BaseModel):
+    """A batch's requests by status (``total`` is their sum)."""
+
+    total: int
+    queued: int
+    processing: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+class BatchView(BaseModel):
+    """A batch: its status, its requests by status and where its results are.
+
+    ``status`` is ``queued`` until a worker starts it, ``processing`` while any request is
+    unfinished, then ``completed`` once every request ended (some may have failed: see
+    request_counts), or ``cancelled``, or ``failed`` (the batch itself could not go on)."""
+
+    batch_id: str
+    status: JobStatus
+    tenant: str
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    expires_at: float | None
+    request_counts: RequestCounts
+    metadata: dict[str, Any]
+    error: ErrorInfo | None = Field(description="Why the batch failed, if it did.")
+    webhook_url: str | None
+    results_url: str = Field(description="GET it for the results as JSON Lines.")
 
 
 class ErrorDetail(BaseModel):

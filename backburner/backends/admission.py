@@ -45,18 +45,23 @@ def check_quota(
 
 @dataclass
 class FairClocks:
-    """Start-time fair queueing state: each priority's virtual clock and each (tenant,
-    priority)'s last tag (see ``Backend.claim``)."""
+    """Start-time fair queueing state: the virtual clock of each ready queue (a task type and
+    priority) and each tenant's last tag in it (see ``Backend.claim``)."""
 
-    clock: dict[int, int] = field(default_factory=dict)
-    last: dict[tuple[str, int], int] = field(default_factory=dict)
+    clock: dict[tuple[str, int], int] = field(default_factory=dict)
+    last: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
-    def tag(self, tenant: str, priority: int, cost: int) -> int:
-        """The tag of a job joining ``tenant``'s line at ``priority`` now."""
-        start = max(self.last.get((tenant, priority), 0), self.clock.get(priority, 0))
-        self.last[tenant, priority] = start + cost
+    def tag(self, tenant: str, type: str, priority: int, cost: int) -> int:
+        """The tag of a job joining ``tenant``'s line in the (type, priority) queue now."""
+        queue = (type, priority)
+        if queue not in self.clock:  # a new queue starts level with the others at its priority
+            self.clock[queue] = max(
+                (c for (_, p), c in self.clock.items() if p == priority), default=0
+            )
+        start = max(self.last.get((tenant, type, priority), 0), self.clock[queue])
+        self.last[tenant, type, priority] = start + cost
         return start + cost
 
-    def claimed(self, priority: int, tag: int) -> None:
-        if tag > self.clock.get(priority, 0):
-            self.clock[priority] = tag
+    def claimed(self, type: str, priority: int, tag: int) -> None:
+        if tag > self.clock.get((type, priority), 0):
+            self.clock[type, priority] = tag

@@ -118,7 +118,8 @@ class Quota:
     submissions through many API processes never overshoot them. None: no limit."""
 
     max_in_flight: int | None = None
-    """Jobs of the tenant queued or processing (delayed and retrying jobs count)."""
+    """Jobs of the tenant queued or processing (delayed and retrying jobs count; a pipeline's
+    children do not: they are the work of a job that was admitted)."""
     per_minute: int | None = None
     """Submissions a minute: a bucket of ``per_minute`` tokens, refilled continuously (GCRA);
     only a submission that is stored takes a token."""
@@ -147,6 +148,8 @@ class NewJob:
     tenant: str = DEFAULT_TENANT
     fair_cost: int = FAIR_SCALE
     """The virtual time this job costs its tenant in fair scheduling (``fair_cost(weight)``)."""
+    parent_id: str | None = None
+    """The pipeline job that spawned this one (a child), if any."""
 
     def to_job(
         self, *, input: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None
@@ -167,6 +170,7 @@ class NewJob:
             webhook_progress=self.webhook_progress,
             traceparent=self.traceparent,
             tenant=self.tenant,
+            parent_id=self.parent_id,
             timeout_s=self.timeout_s,
             deadline_at=self.deadline_at,
             ttl_s=self.ttl_s,
@@ -206,7 +210,16 @@ class Release:
     reason: str = "worker shutdown"
 
 
-Outcome = Complete | Fail | RetryAt | Release
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The attempt paused (a pipeline waits for its children): the job goes back to ``queued``
+    without charging the attempt, due at ``run_at`` or sooner when woken (``wake``)."""
+
+    run_at: float
+    reason: str = "waiting"
+
+
+Outcome = Complete | Fail | RetryAt | Release | Wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,11 +288,13 @@ class Backend(Protocol):
         status: JobStatus | None = None,
         type: str | None = None,
         tenant: str | None = None,
+        parent_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        """Jobs newest first, filtered (``tenant``: that tenant's only); a pure read. Cursor
-        pagination is stable under inserts.
+        """Jobs newest first, filtered (``tenant``: that tenant's only; ``parent_id``: that
+        job's children, an indexed read); a pure read. Cursor pagination is stable under
+        inserts.
 
         InvalidInputError for a cursor this backend did not hand out.
         """
@@ -360,7 +375,9 @@ class Backend(Protocol):
         Complete and Fail make the job terminal with expires_at = now + the job's ttl_s (Fail
         carries its own ttl_s, the dead-letter retention); RetryAt and Release re-queue it;
         Release also gives the attempt back (attempts-1); the fence still grows on the next
-        claim.
+        claim. Wait is a Release due at ``outcome.run_at`` (it joins its tenant's line when
+        due, like a RetryAt): history outcome "waiting", one status event ``{"status":
+        "queued", "waiting": reason}``, no webhook.
         """
         ...
 
@@ -378,8 +395,12 @@ class Backend(Protocol):
         """Take (and clear) the cancel signals for this worker: {task_id: fence}."""
         ...
 
-    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+    async def replay(
+        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+    ) -> Job:
         """Re-queue a failed job with ``extra_attempts`` more attempts, keeping its history.
+        QuotaExceededError (nothing changed) if its tenant has ``quota.max_in_flight`` jobs
+        queued or processing (the per-minute rate does not apply).
 
         The only way out of a terminal state; a deadline restarts from ``now`` with the same
         length. InvalidTransitionError unless failed;
@@ -465,9 +486,21 @@ class Backend(Protocol):
         """Delete up to ``limit`` terminal jobs whose expires_at <= now, with their events."""
         ...
 
+    async def wake(self, task_id: str, *, now: float) -> bool:
+        """Make a queued job that is not due yet due at ``now`` (a parked pipeline whose
+        children ended): run_at = now, and it joins its tenant's fair-share line now. False,
+        changing nothing, if the job does not exist, is not queued, or is already due. Atomic;
+        repeating it is harmless; it wakes ``wait_for_jobs`` like an enqueue."""
+        ...
+
+    async def has_open_children(self, parent_id: str) -> bool:
+        """Whether the job has a child that is queued or processing. A pure read, O(log n)
+        (called after every child's end)."""
+        ...
+
     async def tenant_in_flight(self, tenant: str) -> int:
         """How many of the tenant's jobs are queued or processing (what ``Quota.max_in_flight``
-        bounds). A pure read."""
+        bounds), not counting children (jobs with a parent_id). A pure read."""
         ...
 
     async def wait_for_jobs(

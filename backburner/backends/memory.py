@@ -22,6 +22,7 @@ from ..errors import (
     JobNotFoundError,
     LeaseLostError,
     QueueFullError,
+    QuotaExceededError,
 )
 from ..jsoncodec import check_usage, round_trip
 from ..models import (
@@ -32,9 +33,6 @@ from ..models import (
     JobStatus,
     Progress,
     Usage,
-    WebhookAttempt,
-    WebhookDelivery,
-    WebhookStatus,
 )
 from .admission import FairClocks, check_quota
 from .base import (
@@ -47,10 +45,11 @@ from .base import (
     Release,
     RetryAt,
     Stats,
+    Wait,
     WorkerInfo,
     parse_cursor,
 )
-from .memory_outbox import MemoryOutbox
+from .memory_outbox import MemoryOutbox, MemoryWebhooks
 from .memory_slots import MemorySlots
 
 
@@ -78,7 +77,7 @@ class _Stored:
     events: list[Event] = field(default_factory=list)
 
 
-class MemoryBackend(MemorySlots):
+class MemoryBackend(MemorySlots, MemoryWebhooks):
     """Backend held in this process's memory (``memory://``). For tests and demos only."""
 
     def __init__(self, *, max_queue_size: int | None = None) -> None:
@@ -173,7 +172,7 @@ class MemoryBackend(MemorySlots):
         if tat is not None:
             self._rates[job.tenant] = tat
         if job.run_at <= job.created_at:
-            stored.tag = self._fair.tag(job.tenant, job.priority, job.fair_cost)
+            stored.tag = self._fair.tag(job.tenant, job.type, job.priority, job.fair_cost)
         self._jobs[job.task_id] = stored
         if job.idempotency_key is not None:
             self._by_key[job.idempotency_key] = job.task_id
@@ -193,6 +192,7 @@ class MemoryBackend(MemorySlots):
         status: JobStatus | None = None,
         type: str | None = None,
         tenant: str | None = None,
+        parent_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -204,6 +204,7 @@ class MemoryBackend(MemorySlots):
                 if (status is None or s.job.status == status)
                 and (type is None or s.job.type == type)
                 and (tenant is None or s.job.tenant == tenant)
+                and (parent_id is None or s.job.parent_id == parent_id)
                 and (below is None or s.seq < below)
             ),
             key=lambda s: -s.seq,
@@ -244,7 +245,7 @@ class MemoryBackend(MemorySlots):
         for *_, stored in heapq.nsmallest(limit, due, key=lambda item: item[:3]):
             job = stored.job
             assert stored.tag is not None
-            self._fair.claimed(job.priority, stored.tag)
+            self._fair.claimed(job.type, job.priority, stored.tag)
             record = AttemptRecord(attempt=job.attempts + 1, worker_id=worker_id, started_at=now)
             self._update(
                 stored,
@@ -273,17 +274,38 @@ class MemoryBackend(MemorySlots):
             if s.job.status == JobStatus.QUEUED and s.tag is None and s.job.run_at <= now
         )
         for *_, stored in due:
-            stored.tag = self._fair.tag(stored.job.tenant, stored.job.priority, stored.cost)
+            stored.tag = self._fair.tag(
+                stored.job.tenant, stored.job.type, stored.job.priority, stored.cost
+            )
 
     def _in_flight(self, tenant: str) -> int:
         return sum(
             1
             for s in self._jobs.values()
-            if s.job.tenant == tenant and s.job.status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+            if s.job.tenant == tenant
+            and s.job.parent_id is None  # a pipeline's children are its work, not submissions
+            and s.job.status in (JobStatus.QUEUED, JobStatus.PROCESSING)
         )
 
     async def tenant_in_flight(self, tenant: str) -> int:
         return self._in_flight(tenant)
+
+    async def wake(self, task_id: str, *, now: float) -> bool:
+        stored = self._jobs.get(task_id)
+        if stored is None or stored.job.status != JobStatus.QUEUED or stored.job.run_at <= now:
+            return False
+        self._update(stored, run_at=now)
+        job = stored.job
+        stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
+        self._wake()
+        return True
+
+    async def has_open_children(self, parent_id: str) -> bool:
+        return any(
+            s.job.parent_id == parent_id
+            and s.job.status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+            for s in self._jobs.values()
+        )
 
     async def heartbeat(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
@@ -370,7 +392,7 @@ class MemoryBackend(MemorySlots):
             error = outcome.error.model_dump()
             stored.tag = None
             if outcome.run_at <= now:
-                stored.tag = self._fair.tag(job.tenant, job.priority, stored.cost)
+                stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
             self._update(
                 stored,
                 status=JobStatus.QUEUED,
@@ -388,6 +410,20 @@ class MemoryBackend(MemorySlots):
             )
             self._event(stored, "status", {"status": "queued"}, now)
             self._wake()
+        elif isinstance(outcome, Wait):
+            stored.tag = None
+            if outcome.run_at <= now:
+                stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
+            self._update(
+                stored,
+                status=JobStatus.QUEUED,
+                attempts=job.attempts - 1,
+                run_at=outcome.run_at,
+                worker_id=None,
+                lease_expires_at=None,
+                history=self._close_history(job, now, "waiting", None),
+            )
+            self._event(stored, "status", {"status": "queued", "waiting": outcome.reason}, now)
         elif isinstance(outcome, Release):
             self._update(
                 stored,
@@ -431,7 +467,9 @@ class MemoryBackend(MemorySlots):
 
     # -- admin -------------------------------------------------------------------------------
 
-    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+    async def replay(
+        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+    ) -> Job:
         stored = self._jobs.get(task_id)
         if stored is None:
             raise JobNotFoundError(task_id)
@@ -440,7 +478,10 @@ class MemoryBackend(MemorySlots):
             raise InvalidTransitionError(
                 f"only failed jobs can be replayed; job {task_id} is {job.status}"
             )
-        stored.tag = self._fair.tag(job.tenant, job.priority, stored.cost)  # due now
+        limit = None if quota is None else quota.max_in_flight
+        if limit is not None and self._in_flight(job.tenant) >= limit:
+            raise QuotaExceededError(job.tenant, limit)
+        stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)  # due now
         self._update(
             stored,
             status=JobStatus.QUEUED,
@@ -477,48 +518,6 @@ class MemoryBackend(MemorySlots):
         key = stored.job.idempotency_key
         if key is not None and self._by_key.get(key) == stored.job.task_id:
             del self._by_key[key]
-
-    # -- webhook outbox ----------------------------------------------------------------------
-
-    async def add_progress_webhook(self, task_id: str, fence: int, *, now: float) -> bool:
-        return self._outbox.add_progress(self._held(task_id, fence).job, now)
-
-    async def webhook_counts(self) -> dict[str, int]:
-        return self._outbox.counts()
-
-    async def failed_webhooks(
-        self, *, limit: int = 50, cursor: str | None = None
-    ) -> tuple[list[WebhookDelivery], str | None]:
-        return self._outbox.failed(limit, cursor)
-
-    async def claim_webhooks(
-        self, *, now: float, limit: int, lease_s: float
-    ) -> list[WebhookDelivery]:
-        return self._outbox.claim(now=now, limit=limit, lease_s=lease_s)
-
-    async def record_webhook_attempt(
-        self,
-        msg_id: str,
-        claim: int,
-        attempt: WebhookAttempt,
-        *,
-        status: WebhookStatus,
-        next_at: float | None,
-        body: str,
-    ) -> bool:
-        return self._outbox.record(
-            msg_id, claim, attempt, status=status, next_at=next_at, body=body
-        )
-
-    async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
-        if task_id not in self._jobs:
-            raise JobNotFoundError(task_id)
-        return self._outbox.of_task(task_id)
-
-    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
-        if task_id not in self._jobs:
-            raise JobNotFoundError(task_id)
-        return self._outbox.redeliver(task_id, now)
 
     # -- sweeper -----------------------------------------------------------------------------
 

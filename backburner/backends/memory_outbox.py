@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import InvalidInputError, InvalidTransitionError
+from typing import Any
+
+from ..errors import InvalidInputError, InvalidTransitionError, JobNotFoundError
 from ..models import PROGRESS_EVENT, Job, WebhookAttempt, WebhookDelivery, WebhookStatus
 from .outbox import new_message
 
@@ -126,3 +128,53 @@ def _cursor_key(cursor: str) -> tuple[float, str]:
         return float(at), msg_id
     except ValueError:
         raise InvalidInputError(f"not a cursor of this listing: {cursor!r}") from None
+
+
+class MemoryWebhooks:
+    """The outbox part of the ``Backend`` contract for ``MemoryBackend``."""
+
+    _outbox: MemoryOutbox
+    _jobs: dict[str, Any]
+
+    def _held(self, task_id: str, fence: int) -> Any:
+        raise NotImplementedError  # MemoryBackend's
+
+    async def add_progress_webhook(self, task_id: str, fence: int, *, now: float) -> bool:
+        return self._outbox.add_progress(self._held(task_id, fence).job, now)
+
+    async def webhook_counts(self) -> dict[str, int]:
+        return self._outbox.counts()
+
+    async def failed_webhooks(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[WebhookDelivery], str | None]:
+        return self._outbox.failed(limit, cursor)
+
+    async def claim_webhooks(
+        self, *, now: float, limit: int, lease_s: float
+    ) -> list[WebhookDelivery]:
+        return self._outbox.claim(now=now, limit=limit, lease_s=lease_s)
+
+    async def record_webhook_attempt(
+        self,
+        msg_id: str,
+        claim: int,
+        attempt: WebhookAttempt,
+        *,
+        status: WebhookStatus,
+        next_at: float | None,
+        body: str,
+    ) -> bool:
+        return self._outbox.record(
+            msg_id, claim, attempt, status=status, next_at=next_at, body=body
+        )
+
+    async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
+        if task_id not in self._jobs:
+            raise JobNotFoundError(task_id)
+        return self._outbox.of_task(task_id)
+
+    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
+        if task_id not in self._jobs:
+            raise JobNotFoundError(task_id)
+        return self._outbox.redeliver(task_id, now)

@@ -32,24 +32,20 @@ from ..errors import (
     SubmitRateLimitedError,
 )
 from ..jsoncodec import check_usage, encode
-from ..models import WEBHOOK_EVENTS, Event, Job, JobStatus, Progress
+from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress
 from .base import (
     Complete,
     Fail,
     NewJob,
     Outcome,
-    Page,
     Quota,
     Release,
     RetryAt,
-    Stats,
-    WorkerInfo,
+    Wait,
     check_slot_args,
-    parse_cursor,
 )
 from .outbox import new_msg_id
 from .redis_codec import (
-    decode_events,
     decode_job,
     decode_jobs,
     new_job_fields,
@@ -58,6 +54,8 @@ from .redis_codec import (
     priority_code,
 )
 from .redis_link import RedisLink, Script
+from .redis_reads import READ_SCRIPTS, RedisReads, text
+from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
 from .redis_webhooks import WEBHOOK_SAFE_TO_REPEAT, WEBHOOK_SCRIPTS, RedisWebhookOutbox
@@ -77,25 +75,18 @@ _SCRIPTS = (
     "delete",
     "purge_expired",
     "next_due",
-    "read_jobs",
-    "list_jobs",
-    "read_heads",
-    "read_events",
-    "stats",
     "slot_acquire",
     "slot_renew",
+    "wake",
+    *READ_SCRIPTS,
     *WEBHOOK_SCRIPTS,
 )
 
 
 _SAFE_TO_REPEAT = frozenset(
     {
-        "read_jobs",
-        "list_jobs",
-        "read_events",
-        "read_heads",
+        *READ_SCRIPTS,
         "next_due",
-        "stats",
         "heartbeat",
         "slot_acquire",
         "slot_renew",
@@ -104,10 +95,6 @@ _SAFE_TO_REPEAT = frozenset(
 )
 """Scripts that change nothing (or, like a heartbeat or a slot's acquire, the same thing
 twice)."""
-
-_LIST_SCAN_BUDGET = 10_000
-"""Index entries one page of a listing by tenant and status or type may look at; a page that
-runs out of them is shorter than asked, with a cursor to go on from."""
 
 
 def _load_scripts() -> dict[str, Script]:
@@ -119,10 +106,6 @@ def _load_scripts() -> dict[str, Script]:
     }
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _webhook_event(outcome: Outcome) -> str:
     """The webhook event of the status an outcome ends in ('' for one that re-queues)."""
     if isinstance(outcome, Complete):
@@ -132,8 +115,11 @@ def _webhook_event(outcome: Outcome) -> str:
     return ""
 
 
-class RedisBackend(RedisWebhookOutbox):
+class RedisBackend(RedisReads, RedisWebhookOutbox):
     """Backend on Redis (``redis://host:6379/0?prefix=bb``; ``rediss://`` for TLS)."""
+
+    upgrade_batch = UPGRADE_BATCH
+    """Jobs per script when connect() upgrades a store of an earlier key layout."""
 
     def __init__(
         self,
@@ -159,12 +145,20 @@ class RedisBackend(RedisWebhookOutbox):
         self._link: RedisLink | None = None
         self._wake: WakeChannel | None = None
         self._watcher: StreamWatcher | None = None
+        self._connect_lock: asyncio.Lock | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        if self._link is not None:
+        if self._wake is not None:
             return
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:  # a second caller waits until the store is up to date
+            if self._wake is None:
+                await self._connect()
+
+    async def _connect(self) -> None:
         from redis.asyncio import ConnectionPool
 
         options: dict[str, Any] = {
@@ -177,13 +171,21 @@ class RedisBackend(RedisWebhookOutbox):
         self._blocking_pool = ConnectionPool.from_url(self.url, **options)
         self._link = RedisLink(self._pool, where=self._where, connections=self._connections)
         self._link.start()
+        where = f"{self._where} (prefix {self.prefix!r})"
         try:
-            await asyncio.gather(
-                *(self._link.call("SCRIPT", "LOAD", s.source) for s in self._scripts.values())
+            layout, *_ = await asyncio.gather(
+                self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
+                *(self._link.call("SCRIPT", "LOAD", s.source) for s in self._scripts.values()),
             )
+            if not check_layout(layout, where):
+                # A new store, or one of the layout before tenants: returns once up to date.
+                await upgrade_layout(self._link, self._p, where=where, batch=self.upgrade_batch)
         except BackendError as exc:
             await self.close()
             raise BackendError(f"cannot connect to {exc}") from None
+        except BaseException:
+            await self.close()
+            raise
         self._wake = WakeChannel(self._blocking_pool, self._p + "wake", where=self._where)
         self._watcher = StreamWatcher(self._blocking_pool, self._link, self._p, where=self._where)
 
@@ -245,6 +247,7 @@ class RedisBackend(RedisWebhookOutbox):
             job.fair_cost,
             "" if max_in_flight is None else max_in_flight,
             "" if per_minute is None else per_minute,
+            job.parent_id or "",
             *new_job_fields(job),
         )
         status = reply[0]
@@ -252,7 +255,7 @@ class RedisBackend(RedisWebhookOutbox):
             raise BackendError(f"a job with id {job.task_id} already exists")
         if status == b"conflict":
             assert job.idempotency_key is not None
-            raise IdempotencyConflictError(job.idempotency_key, _text(reply[1]))
+            raise IdempotencyConflictError(job.idempotency_key, text(reply[1]))
         if status == b"duplicate":
             return decode_job(reply[1]), False
         if status == b"full":
@@ -267,64 +270,6 @@ class RedisBackend(RedisWebhookOutbox):
             assert per_minute is not None
             raise SubmitRateLimitedError(job.tenant, per_minute, retry_after=float(reply[1]))
         return job.to_job(input=json.loads(input_json), metadata=json.loads(metadata_json)), True
-
-    # -- reads -------------------------------------------------------------------------------
-
-    async def get(self, task_id: str) -> Job | None:
-        rows = await self._run("read_jobs", task_id)
-        return decode_job(rows[0]) if rows[0] else None
-
-    async def list_jobs(
-        self,
-        *,
-        status: JobStatus | None = None,
-        type: str | None = None,
-        tenant: str | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> Page:
-        below = parse_cursor(cursor)
-        if limit <= 0:
-            return Page([], None)
-        if status is not None and type is not None:
-            index = f"i:st:{status}:{type}"
-        elif status is not None:
-            index = f"i:s:{status}"
-        elif type is not None:
-            index = f"i:t:{type}"
-        else:
-            index = "i:all"
-        top = "+inf" if below is None else f"({below}"
-        if tenant is not None and index != "i:all":
-            # No index per tenant and status or type: walk the smaller of the two indexes.
-            found = await self._run(
-                "list_jobs", f"i:n:{tenant}", index, top, limit, _LIST_SCAN_BUDGET
-            )
-            return Page(decode_jobs(found[1:]), _text(found[0]) or None)
-        if tenant is not None:
-            index = f"i:n:{tenant}"
-        found = await self._read(
-            "ZREVRANGEBYSCORE",
-            self._p + index,
-            top,
-            "-inf",
-            "WITHSCORES",
-            "LIMIT",
-            0,
-            limit + 1,
-        )
-        ids = [_text(found[i]) for i in range(0, len(found), 2)]
-        seqs = [int(float(found[i])) for i in range(1, len(found), 2)]
-        more = len(ids) > limit
-        ids, seqs = ids[:limit], seqs[:limit]
-        rows = await self._run("read_jobs", *ids) if ids else []
-        return Page(decode_jobs(rows), str(seqs[-1]) if more and seqs else None)
-
-    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
-        if limit <= 0:
-            return []
-        entries = await self._run("read_events", task_id, max(after, 0), limit)
-        return decode_events(task_id, entries)
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -359,7 +304,7 @@ class RedisBackend(RedisWebhookOutbox):
         renewed = await self._run(
             "heartbeat", worker_id, encode(worker_id), number(now), number(now + lease_s), *pairs
         )
-        return {_text(renewed[i]): int(renewed[i + 1]) for i in range(0, len(renewed), 2)}
+        return {text(renewed[i]): int(renewed[i + 1]) for i in range(0, len(renewed), 2)}
 
     async def append_event(
         self,
@@ -435,6 +380,9 @@ class RedisBackend(RedisWebhookOutbox):
         if isinstance(outcome, Release):
             reason = encode({"status": "queued", "released": outcome.reason})
             return ["release", reason]
+        if isinstance(outcome, Wait):
+            reason = encode({"status": "queued", "waiting": outcome.reason})
+            return ["wait", reason, number(outcome.run_at), "1" if outcome.run_at > now else "0"]
         raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union
 
     async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
@@ -454,19 +402,31 @@ class RedisBackend(RedisWebhookOutbox):
 
     async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
         flat = await self._run("poll_cancellations", worker_id)
-        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     # -- admin -------------------------------------------------------------------------------
 
-    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
-        reply = await self._run("replay", task_id, number(now), extra_attempts)
+    async def replay(
+        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+    ) -> Job:
+        limit = None if quota is None else quota.max_in_flight
+        reply = await self._run(
+            "replay", task_id, number(now), extra_attempts, "" if limit is None else limit
+        )
+        if reply[0] == b"quota":
+            assert limit is not None
+            raise QuotaExceededError(text(reply[1]), limit)
         if reply[0] == b"missing":
             raise JobNotFoundError(task_id)
         if reply[0] == b"invalid":
             raise InvalidTransitionError(
-                f"only failed jobs can be replayed; job {task_id} is {_text(reply[1])}"
+                f"only failed jobs can be replayed; job {task_id} is {text(reply[1])}"
             )
         return decode_job(reply[1])
+
+    async def wake(self, task_id: str, *, now: float) -> bool:
+        # Publishes on {bb}:wake like an enqueue when it moves the job, so idle workers claim it.
+        return bool(await self._run("wake", task_id, number(now)))
 
     async def delete(self, task_id: str) -> bool:
         reply = await self._run("delete", task_id)
@@ -474,7 +434,7 @@ class RedisBackend(RedisWebhookOutbox):
             return False
         if reply[0] == b"invalid":
             raise InvalidTransitionError(
-                f"job {task_id} is {_text(reply[1])}; only terminal jobs can be deleted"
+                f"job {task_id} is {text(reply[1])}; only terminal jobs can be deleted"
                 " (cancel it first)"
             )
         return True
@@ -496,9 +456,6 @@ class RedisBackend(RedisWebhookOutbox):
         if limit <= 0:
             return 0
         return int(await self._run("purge_expired", number(now), limit))
-
-    async def tenant_in_flight(self, tenant: str) -> int:
-        return int(await self._read("HGET", self._p + "inflight", tenant) or 0)
 
     async def wait_for_jobs(
         self, *, now: float, timeout: float, types: Sequence[str] | None = None
@@ -541,35 +498,6 @@ class RedisBackend(RedisWebhookOutbox):
         if self._watcher is None:
             raise BackendError("the Redis backend is closed")
         return await self._watcher.wait(after, timeout)
-
-    async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
-        statuses = list(JobStatus)
-        counts, by_priority, workers = await self._run("stats", *statuses)
-        count_of = {status: int(n) for status, n in zip(statuses, counts, strict=True)}
-        queued = {
-            int(by_priority[i]): int(by_priority[i + 1])
-            for i in range(0, len(by_priority), 2)
-            if int(by_priority[i + 1]) > 0
-        }
-        seen: list[WorkerInfo] = []
-        for i in range(0, len(workers), 2):
-            started, last_seen, running = _text(workers[i + 1]).split(" ")
-            if float(last_seen) >= now - worker_window_s:
-                seen.append(
-                    WorkerInfo(
-                        worker_id=_text(workers[i]),
-                        last_seen=float(last_seen),
-                        running=int(running),
-                        started_at=float(started),
-                    )
-                )
-        seen.sort(key=lambda w: w.worker_id)
-        return Stats(
-            count_of,
-            dict(sorted(queued.items(), reverse=True)),
-            count_of[JobStatus.FAILED],
-            seen,
-        )
 
     # -- concurrency slots: a sorted set {bb}:slot:<key> of holder -> lease end --------------
 

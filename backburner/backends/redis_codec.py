@@ -3,12 +3,14 @@
 A job is two keys. ``s:<id>`` holds what never changes as JSON object members (input, metadata,
 ...). ``j:<id>`` is a hash of what does: each field named like a ``Job`` field holds JSON text
 (Lua writes numbers exactly and copies JSON it was given), and fields starting with ``_`` are
-the backend's own bookkeeping. ``webhook_url``, ``webhook_progress`` and ``tenant`` never change
-but are hash fields all the same: the scripts that write webhook messages read the first two
-(the terminal transition, ``add_progress_webhook``; a job without them reads as None and
-false), and the ones that count a tenant's jobs in flight and put its jobs in its fair-share
-line read ``tenant`` (with ``_fc``, the job's fair cost, and ``_tg``, its fair-share tag, kept
-until it is terminal so that a Release puts it back in its place). Jobs
+the backend's own bookkeeping. ``webhook_url``, ``webhook_progress``, ``tenant`` and
+``parent_id`` never change but are hash fields all the same: the scripts that write webhook
+messages read the first two (the terminal transition, ``add_progress_webhook``; a job without
+them reads as None and false), the ones that count a tenant's jobs in flight and put its jobs
+in its fair-share line read ``tenant`` (with ``_fc``, the job's fair cost, and ``_tg``, its
+fair-share tag, kept until it is terminal so that a Release puts it back in its place), and
+the ones that count a parent's open children, and delete and purge, which drop a child from
+its parent's index, read ``parent_id`` (absent: no parent, None). Jobs
 enqueued by the previous release keep ``webhook_url`` only in the spec; the terminal
 transitions fall back to it there (``spec_webhook_url`` in ``redis_lua/prelude.lua``). The
 script that reads a job joins both keys into one JSON document (``read_job`` in
@@ -98,6 +100,8 @@ def new_job_fields(job: NewJob) -> list[str]:
         fields += ["webhook_url", encode(job.webhook_url)]
     if job.webhook_progress:  # in the hash: add_progress_webhook reads it (absent: false)
         fields += ["webhook_progress", "true"]
+    if job.parent_id is not None:  # in the hash: the scripts that count open children read it
+        fields += ["parent_id", encode(job.parent_id)]
     return fields
 
 

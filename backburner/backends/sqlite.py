@@ -30,13 +30,13 @@ from ..models import ErrorInfo, Event, Job, JobStatus, Progress
 from .base import (
     NewJob,
     Outcome,
-    Page,
     Quota,
     RetryAt,
     Stats,
+    Wait,
     WorkerInfo,
-    parse_cursor,
 )
+from .sqlite_children import SQLiteChildren
 from .sqlite_executor import SQLiteExecutor
 from .sqlite_outcomes import EncodedJSON, outcome_update
 from .sqlite_schema import (
@@ -58,8 +58,10 @@ from .sqlite_tenants import (
     SQLiteTenants,
     admit,
     advance_clocks,
+    check_in_flight,
     fair_tag,
     join_due,
+    open_clock,
     purge_tenant_state,
 )
 from .sqlite_wait import SQLiteWaits
@@ -81,11 +83,11 @@ _QUEUED = EncodedJSON('{"status":"queued"}')
 _INSERT = (
     "INSERT INTO jobs (task_id, type, status, priority, input, fingerprint, created_at, run_at,"
     " max_attempts, metadata, webhook_url, webhook_progress, traceparent, timeout_s,"
-    " deadline_at, ttl_s, idempotency_key, tenant, fair_cost, fair_tag, event_seq) VALUES"
-    " (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,"
-    " ?18, {tag}, 1)"
+    " deadline_at, ttl_s, idempotency_key, tenant, fair_cost, parent_id, fair_tag, event_seq)"
+    " VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,"
+    " ?17, ?18, ?19, {tag}, 1)"
 )
-_INSERT_DUE = _INSERT.format(tag=fair_tag("?17", "?3", "?18"))
+_INSERT_DUE = _INSERT.format(tag=fair_tag("?17", "?2", "?3", "?18"))
 _INSERT_DELAYED = _INSERT.format(tag="NULL")
 
 
@@ -104,7 +106,7 @@ def _missing_directory(path: str) -> str | None:
     return None if os.path.isdir(directory) else directory
 
 
-class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
+class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQLiteChildren):
     """Backend on a SQLite file (``sqlite:///path.db``; ``sqlite://:memory:`` is refused)."""
 
     def __init__(
@@ -164,6 +166,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
             job.idempotency_key,
             job.tenant,
             job.fair_cost,
+            job.parent_id,
         )
 
         def op(conn: sqlite3.Connection) -> Job | None:
@@ -191,6 +194,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
                         f"{max_queue_size}"
                     )
             admit(conn, job, quota)
+            if due:
+                open_clock(conn, job.type, job.priority)
             # A job due at once joins its tenant's line now, a delayed one when due (claim).
             conn.execute(_INSERT_DUE if due else _INSERT_DELAYED, values)
             _insert_event(conn, job.task_id, 1, "status", _QUEUED, job.created_at)
@@ -209,43 +214,6 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
             row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE task_id = ?", (task_id,))
             found = row.fetchone()
             return None if found is None else row_to_job(found)
-
-        return await self._executor.run(op, write=False)
-
-    async def list_jobs(
-        self,
-        *,
-        status: JobStatus | None = None,
-        type: str | None = None,
-        tenant: str | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> Page:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if status is not None:
-            clauses.append("status = ?")
-            params.append(str(status))
-        if type is not None:
-            clauses.append("type = ?")
-            params.append(type)
-        if tenant is not None:
-            clauses.append("tenant = ?")
-            params.append(tenant)
-        below = parse_cursor(cursor)
-        if below is not None:
-            clauses.append("seq < ?")
-            params.append(below)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?"
-        params.append(limit + 1)
-
-        def op(conn: sqlite3.Connection) -> Page:
-            rows = conn.execute(sql, params).fetchall()
-            more = len(rows) > limit
-            rows = rows[:limit]
-            next_cursor = str(rows[-1][0]) if more and rows else None
-            return Page([row_to_job(r) for r in rows], next_cursor)
 
         return await self._executor.run(op, write=False)
 
@@ -290,7 +258,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
             " WHERE status = 'queued' AND fair_tag IS NOT NULL"
             f" AND run_at <= :now{of_types}"
             " ORDER BY priority DESC, fair_tag, seq LIMIT :limit)"
-            f" RETURNING {COLUMNS}, fair_tag"
+            f" RETURNING {COLUMNS}, type, fair_tag"
         )
         params = {
             "worker": worker_id,
@@ -304,7 +272,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
             join_due(conn, now)
             rows = conn.execute(sql, params).fetchall()
             rows.sort(key=lambda r: (-r[PRIORITY], r[-1], r[SEQ]))
-            advance_clocks(conn, [(r[PRIORITY], r[-1]) for r in rows])
+            advance_clocks(conn, [(r[-2], r[PRIORITY], r[-1]) for r in rows])
             conn.executemany(
                 "INSERT INTO events (task_id, seq, type, data, at) VALUES (?, ?, 'status', ?, ?)",
                 [
@@ -402,10 +370,10 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
             await self._raise_unless_held(task_id, fence, exc)
         params = {**update.params, "task_id": task_id, "fence": fence, "now": now}
         events = update.events
-        # A Release keeps the job's fair-share tag (first again); a retry joins the back of its
-        # tenant's line, now if due at once, else when due (at a claim).
+        # A Release keeps the job's fair-share tag (first again); a retry or a wait joins the
+        # back of its tenant's line, now if due at once, else when due (at a claim, or wake).
         sets = update.sets
-        if isinstance(outcome, RetryAt):
+        if isinstance(outcome, RetryAt | Wait):
             sets += f", fair_tag = iif(:run_at <= :now, {ROW_TAG}, NULL)"
         sql = f"UPDATE jobs SET {sets} WHERE {guard} RETURNING {COLUMNS}"
 
@@ -486,9 +454,13 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
 
     # -- admin -------------------------------------------------------------------------------
 
-    async def replay(self, task_id: str, *, now: float, extra_attempts: int) -> Job:
+    async def replay(
+        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+    ) -> Job:
         def op(conn: sqlite3.Connection) -> Job:
-            found = conn.execute("SELECT status FROM jobs WHERE task_id = ?", (task_id,))
+            found = conn.execute(
+                "SELECT status, tenant, type, priority FROM jobs WHERE task_id = ?", (task_id,)
+            )
             status = found.fetchone()
             if status is None:
                 raise JobNotFoundError(task_id)
@@ -496,6 +468,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits):
                 raise InvalidTransitionError(
                     f"only failed jobs can be replayed; job {task_id} is {status[0]}"
                 )
+            check_in_flight(conn, status[1], quota)
+            open_clock(conn, status[2], status[3])
             row = conn.execute(
                 "UPDATE jobs SET status = 'queued', max_attempts = attempts + :extra,"
                 " run_at = :now, finished_at = NULL, expires_at = NULL, error = NULL,"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..jsoncodec import check_usage, encode
-from .base import Complete, Fail, Outcome, Release, RetryAt
+from .base import Complete, Fail, Outcome, Release, RetryAt, Wait
 
 _CLOSE_HISTORY = (
     "history = json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', :outcome"
@@ -73,5 +73,15 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
             f" lease_expires_at = NULL, event_seq = event_seq + 1, {_CLOSE_HISTORY})",
             {"outcome": "released"},
             [("status", {"status": "queued", "released": outcome.reason})],
+        )
+    if isinstance(outcome, Wait):
+        # Like a Release, but due at run_at (finish also takes the job out of its tenant's
+        # line until then); encoded here, so a reason that is not JSON is refused up front.
+        waiting = encode({"status": "queued", "waiting": outcome.reason})
+        return OutcomeUpdate(
+            "status = 'queued', attempts = attempts - 1, run_at = :run_at, worker_id = NULL,"
+            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_CLOSE_HISTORY})",
+            {"outcome": "waiting", "run_at": outcome.run_at},
+            [("status", EncodedJSON(waiting))],
         )
     raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union

@@ -48,45 +48,65 @@ CREATE INDEX IF NOT EXISTS jobs_claim ON jobs(priority DESC, fair_tag, seq, run_
 CREATE INDEX IF NOT EXISTS jobs_untagged ON jobs(run_at, priority)
     WHERE status = 'queued' AND fair_tag IS NULL;
 CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs(tenant, seq);
+-- Pipelines (sqlite_children.py): a job's children, newest first (list_jobs(parent_id=...)), and
+-- by status (has_open_children, list_jobs(parent_id=..., status=...)). Partial: a job that is
+-- nobody's child (most) costs neither index anything.
+CREATE INDEX IF NOT EXISTS jobs_children ON jobs(parent_id, seq) WHERE parent_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_children_status ON jobs(parent_id, status, seq)
+    WHERE parent_id IS NOT NULL;
 -- Each tenant's line at each priority: its jobs queued or processing (their sum over the
 -- priorities is what Quota.max_in_flight bounds) and its last fair-share tag, kept by triggers
 -- on jobs (one row, so an enqueue writes one page for both). A tag is written only when a job
 -- joins its tenant's line (sqlite_tenants.fair_tag), and tags of a line only grow.
 CREATE TABLE IF NOT EXISTS tenant_lines (
     tenant TEXT NOT NULL,
+    type TEXT NOT NULL,
     priority INTEGER NOT NULL,
     in_flight INTEGER NOT NULL,
     last_tag INTEGER NOT NULL,
-    PRIMARY KEY (tenant, priority)
+    PRIMARY KEY (tenant, type, priority)
 ) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS jobs_line_insert AFTER INSERT ON jobs
     WHEN NEW.status IN ('queued', 'processing') OR NEW.fair_tag IS NOT NULL BEGIN
-    INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)
-        VALUES (NEW.tenant, NEW.priority, NEW.status IN ('queued', 'processing'),
+    INSERT INTO tenant_lines (tenant, type, priority, in_flight, last_tag)
+        VALUES (NEW.tenant, NEW.type, NEW.priority,
+            NEW.status IN ('queued', 'processing') AND NEW.parent_id IS NULL,
             coalesce(NEW.fair_tag, 0))
-        ON CONFLICT (tenant, priority) DO UPDATE SET in_flight = in_flight + excluded.in_flight,
+        ON CONFLICT (tenant, type, priority) DO UPDATE
+            SET in_flight = in_flight + excluded.in_flight,
             last_tag = max(last_tag, excluded.last_tag);
 END;
 CREATE TRIGGER IF NOT EXISTS jobs_line_status AFTER UPDATE OF status ON jobs
     WHEN (OLD.status IN ('queued', 'processing')) != (NEW.status IN ('queued', 'processing'))
     BEGIN
-    INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)
-        VALUES (NEW.tenant, NEW.priority, iif(NEW.status IN ('queued', 'processing'), 1, -1), 0)
-        ON CONFLICT (tenant, priority) DO UPDATE SET in_flight = in_flight + excluded.in_flight;
+    INSERT INTO tenant_lines (tenant, type, priority, in_flight, last_tag)
+        VALUES (NEW.tenant, NEW.type, NEW.priority,
+            iif(NEW.parent_id IS NOT NULL, 0, iif(NEW.status IN ('queued', 'processing'), 1, -1)),
+            0)
+        ON CONFLICT (tenant, type, priority) DO UPDATE
+            SET in_flight = in_flight + excluded.in_flight;
 END;
 CREATE TRIGGER IF NOT EXISTS jobs_line_tag AFTER UPDATE OF fair_tag ON jobs
     WHEN NEW.fair_tag IS NOT NULL BEGIN
-    INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)
-        VALUES (NEW.tenant, NEW.priority, 0, NEW.fair_tag)
-        ON CONFLICT (tenant, priority) DO UPDATE SET last_tag = max(last_tag, excluded.last_tag);
+    INSERT INTO tenant_lines (tenant, type, priority, in_flight, last_tag)
+        VALUES (NEW.tenant, NEW.type, NEW.priority, 0, NEW.fair_tag)
+        ON CONFLICT (tenant, type, priority) DO UPDATE
+            SET last_tag = max(last_tag, excluded.last_tag);
 END;
 CREATE TRIGGER IF NOT EXISTS jobs_line_delete AFTER DELETE ON jobs
-    WHEN OLD.status IN ('queued', 'processing') BEGIN
+    WHEN OLD.status IN ('queued', 'processing') AND OLD.parent_id IS NULL BEGIN
     UPDATE tenant_lines SET in_flight = in_flight - 1
-        WHERE tenant = OLD.tenant AND priority = OLD.priority;
+        WHERE tenant = OLD.tenant AND type = OLD.type AND priority = OLD.priority;
 END;
--- Start-time fair queueing: each priority's virtual clock (the largest tag claimed at it).
-CREATE TABLE IF NOT EXISTS fair_clocks (priority INTEGER PRIMARY KEY, clock INTEGER NOT NULL);
+-- Start-time fair queueing: the virtual clock of each ready queue, a (task type, priority): the
+-- largest tag claimed from it. One per type, so workers that serve only some types do not move
+-- the clock of the others (whose tenants' new jobs would then start behind old backlogs).
+CREATE TABLE IF NOT EXISTS fair_clocks (
+    type TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    clock INTEGER NOT NULL,
+    PRIMARY KEY (type, priority)
+) WITHOUT ROWID;
 -- Each tenant's submission bucket (GCRA): its theoretical arrival time.
 CREATE TABLE IF NOT EXISTS tenant_rates (tenant TEXT PRIMARY KEY, tat REAL NOT NULL)
     WITHOUT ROWID;
@@ -126,6 +146,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     webhook_progress INTEGER NOT NULL DEFAULT 0,
     traceparent TEXT,
     tenant TEXT NOT NULL DEFAULT 'default',
+    parent_id TEXT,
     fair_cost INTEGER NOT NULL DEFAULT 10000,
     fair_tag INTEGER,
     expires_at REAL,
@@ -231,6 +252,7 @@ _JOB_JSON = (
             ("webhook_progress", "json(iif(webhook_progress, 'true', 'false'))"),
             ("traceparent", "traceparent"),
             ("tenant", "tenant"),
+            ("parent_id", "parent_id"),
             ("expires_at", _number("expires_at", nullable=True)),
             ("timeout_s", _number("timeout_s", nullable=True)),
             ("deadline_at", _number("deadline_at", nullable=True)),
@@ -292,6 +314,7 @@ _ADDED_COLUMNS = (
     ("tenant", "TEXT NOT NULL DEFAULT 'default'"),
     ("fair_cost", "INTEGER NOT NULL DEFAULT 10000"),
     ("fair_tag", "INTEGER"),
+    ("parent_id", "TEXT"),
 )
 """Columns of ``jobs`` added since version 1 (SCHEMA has them for a new file)."""
 
@@ -338,13 +361,17 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
         counted = _has_table(conn, "tenant_lines")
         for index in _SUPERSEDED:
             conn.execute(f"DROP INDEX IF EXISTS {index}")
+        # Made again below from today's definitions (since children, a child is not counted).
+        for trigger in ("jobs_line_insert", "jobs_line_status", "jobs_line_delete"):
+            conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         for statement in _statements(ADDED_SINCE_VERSION_1):
             conn.execute(statement)
         if not counted:  # its triggers keep it from now on; count what is there once
             conn.execute(
-                "INSERT INTO tenant_lines (tenant, priority, in_flight, last_tag)"
-                " SELECT tenant, priority, count(*), 0 FROM jobs"
-                " WHERE status IN ('queued', 'processing') GROUP BY tenant, priority"
+                "INSERT INTO tenant_lines (tenant, type, priority, in_flight, last_tag)"
+                " SELECT tenant, type, priority, count(*), 0 FROM jobs"
+                " WHERE status IN ('queued', 'processing') AND parent_id IS NULL"
+                " GROUP BY tenant, type, priority"
             )
         conn.execute("COMMIT")
     except BaseException:

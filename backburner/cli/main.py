@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import keys, remote, service
+from . import batch, keys, remote, service
 
 
 def build_cli() -> typer.Typer:
@@ -17,6 +17,7 @@ def build_cli() -> typer.Typer:
     service.register(cli)
     remote.register(cli)
     keys.register(cli)
+    batch.register(cli)
     return cli
 
 

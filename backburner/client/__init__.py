@@ -16,16 +16,27 @@ from ..errors import APIError, TransportError, WaitTimeoutError
 from ..models import Event, JobStatus
 from ._policy import RetryPolicy
 from .async_client import AsyncClient
-from .models import Stats, Submission, Task, TaskPage, Usage, is_terminal_event
+from .models import (
+    Batch,
+    RequestCounts,
+    Stats,
+    Submission,
+    Task,
+    TaskPage,
+    Usage,
+    is_terminal_event,
+)
 from .sse import ServerSentEvent, SSEParser
 from .sync_client import Client
 
 __all__ = [
     "APIError",
     "AsyncClient",
+    "Batch",
     "Client",
     "Event",
     "JobStatus",
+    "RequestCounts",
     "RetryPolicy",
     "SSEParser",
     "ServerSentEvent",

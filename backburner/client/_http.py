@@ -6,9 +6,10 @@ its own sync or async way, and hands the response back here to be checked and pa
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -174,6 +175,66 @@ def stats_call() -> Call:
 
 def usage_call() -> Call:
     return Call("GET", "/v1/usage")
+
+
+def batch_path(batch_id: str, suffix: str = "") -> str:
+    if not isinstance(batch_id, str) or not batch_id:
+        raise InvalidInputError(f"batch_id must be a non-empty string, got {batch_id!r}")
+    return f"/v1/batches/{quote(batch_id, safe='')}{suffix}"
+
+
+def submit_batch_call(
+    requests: Iterable[Mapping[str, Any]],
+    *,
+    model: str | None,
+    priority: int | str | None,
+    webhook_url: str | None,
+    webhook_progress: bool,
+    metadata: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+) -> Call:
+    items = []
+    for index, request in enumerate(requests):
+        if not isinstance(request, Mapping):
+            raise InvalidInputError(
+                f"requests[{index}] must be a mapping such as {{'custom_id': ..., 'prompt': ...}},"
+                f" got {type(request).__name__}"
+            )
+        items.append(dict(request))
+    body = _options(
+        requests=items,
+        model=model,
+        priority=priority,
+        webhook_url=webhook_url,
+        webhook_progress=webhook_progress or None,
+        metadata=dict(metadata) if metadata is not None else None,
+    )
+    return _keyed("/v1/batches", body, idempotency_key)
+
+
+def get_batch_call(batch_id: str) -> Call:
+    return Call("GET", batch_path(batch_id), task_id=batch_id)
+
+
+def cancel_batch_call(batch_id: str) -> Call:
+    return Call("POST", batch_path(batch_id, "/cancel"), task_id=batch_id)
+
+
+def batch_results_path(batch_id: str) -> str:
+    return batch_path(batch_id, "/results")
+
+
+def parse_result_line(line: str, response: httpx.Response) -> dict[str, Any] | None:
+    """One line of a batch's results (None for a blank one)."""
+    if not line.strip():
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError as exc:
+        raise invalid_response(response, f"a result line is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise invalid_response(response, "a result line is not a JSON object")
+    return value
 
 
 def stream_headers(last_seq: int | None) -> dict[str, str]:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
 from typing import Any
 
@@ -17,7 +25,7 @@ from . import _http
 from ._errors import raise_for_error
 from ._options import ClientOptions, StreamCursor, is_stream_retryable, unreachable
 from ._policy import RetryPolicy
-from .models import Stats, Submission, Task, TaskPage, Usage, is_terminal_event
+from .models import Batch, Stats, Submission, Task, TaskPage, Usage, is_terminal_event
 from .sse import SSEParser
 
 
@@ -232,6 +240,103 @@ class AsyncClient:
         """Your tenant, its jobs in flight and its limits (what a 429 is about)."""
         call = _http.usage_call()
         return _http.parse(Usage, await self._send(call), call)
+
+    # -- batches -------------------------------------------------------------------------
+
+    async def submit_batch(
+        self,
+        requests: Iterable[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        priority: int | str | None = None,
+        webhook_url: str | None = None,
+        webhook_progress: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Batch:
+        """Submit many generations as one batch; returns at once with its id.
+
+        Each request is ``{"custom_id", "prompt" | "messages", "model"?, "max_tokens"?, ...}``
+        (custom_ids unique); ``model`` is the model of those that name none. One bad request
+        refuses the batch (``InvalidInputError`` naming its custom_id); too many, 413
+        (``InvalidInputError``, type ``batch_too_large``).
+        """
+        call = _http.submit_batch_call(
+            requests,
+            model=model,
+            priority=priority,
+            webhook_url=webhook_url,
+            webhook_progress=webhook_progress,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+        )
+        return _http.parse(Batch, await self._send(call), call)
+
+    async def batch(self, batch_id: str) -> Batch:
+        """The batch now: its status and request_counts (``JobNotFoundError`` if none)."""
+        call = _http.get_batch_call(batch_id)
+        return _http.parse(Batch, await self._send(call), call)
+
+    async def cancel_batch(self, batch_id: str) -> Batch:
+        """Cancel the batch (idempotent): its unfinished requests never run or stop."""
+        call = _http.cancel_batch_call(batch_id)
+        return _http.parse(Batch, await self._send(call), call)
+
+    async def poll_batch(
+        self,
+        batch_id: str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float | None = None,
+        max_poll_interval: float | None = None,
+    ) -> AsyncIterator[Batch]:
+        """Yield the batch at each look until it has ended (the last one yielded), paced
+        like ``poll``."""
+        pacer = self.options.pacer(batch_id, timeout, poll_interval, max_poll_interval, self._clock)
+        call = _http.get_batch_call(batch_id)
+        while True:
+            response = await self._send(call)
+            batch = _http.parse(Batch, response, call)
+            yield batch
+            if batch.is_terminal:
+                return
+            await self._sleep(pacer.next_delay(batch.status.value, response))
+
+    async def wait_batch(
+        self,
+        batch_id: str,
+        timeout: float | None = None,
+        *,
+        poll_interval: float | None = None,
+        max_poll_interval: float | None = None,
+    ) -> Batch:
+        """Poll until the batch is completed, failed or cancelled, and return it."""
+        last: Batch | None = None
+        async for batch in self.poll_batch(
+            batch_id,
+            timeout=timeout,
+            poll_interval=poll_interval,
+            max_poll_interval=max_poll_interval,
+        ):
+            last = batch
+        assert last is not None  # poll_batch yields at least once
+        return last
+
+    async def batch_results(self, batch_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The batch's results, streamed, one dict per finished request: ``{custom_id,
+        task_id, status, result, error, usage}`` in no set order (once the batch ended, one
+        per request). Not resumed if the connection drops: iterate again."""
+        path = _http.batch_results_path(batch_id)
+        timeout = self.options.stream_timeout(self._http.timeout)
+        headers = {"Accept": "application/x-ndjson"}
+        async with self._http.stream("GET", path, headers=headers, timeout=timeout) as response:
+            if response.is_error:
+                await response.aread()
+                raise_for_error(response, task_id=batch_id)
+            async for line in response.aiter_lines():
+                row = _http.parse_result_line(line, response)
+                if row is not None:
+                    yield row
 
     async def poll(
         self,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from ..api.schemas import Accepted, JobView, StatsView, UsageView
+from ..api.schemas import Accepted, BatchView, JobView, RequestCounts, StatsView, UsageView
 from ..models import TERMINAL_STATUSES, Event, JobStatus, is_terminal_event
 
 __all__ = [
+    "Batch",
     "Event",
     "JobStatus",
+    "RequestCounts",
     "Stats",
     "Submission",
     "Task",
@@ -26,6 +28,21 @@ class Task(JobView):
     def is_terminal(self) -> bool:
         """True once the job is completed, failed or cancelled: nothing changes it again."""
         return self.status in TERMINAL_STATUSES
+
+
+class Batch(BatchView):
+    """A batch as ``GET /v1/batches/{id}`` shows it (the API's ``BatchView``)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the batch is completed, failed or cancelled."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def done(self) -> int:
+        """How many of its requests have ended (completed, failed or cancelled)."""
+        counts = self.request_counts
+        return counts.completed + counts.failed + counts.cancelled
 
 
 class Submission(Accepted):

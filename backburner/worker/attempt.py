@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..backends.base import Complete, Fail, Outcome, Release, RetryAt
+from ..backends.base import Complete, Fail, Outcome, Release, RetryAt, Wait
 from ..context import JobContext, activate
-from ..errors import BackendError, InvalidInputError, LeaseLostError
+from ..errors import BackendError, InvalidInputError, LeaseLostError, Suspend
 from ..models import ErrorInfo, Job
 from ..observability.logs import job_fields
 
@@ -118,6 +118,8 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         return outcome
     except _FailNowError as exc:
         return Fail(exc.error, max(job.ttl_s, policy.dead_letter_ttl_s))
+    except Suspend as exc:
+        return Wait(app.clock.now() + exc.after, exc.reason)
     except Exception as exc:
         return _failure(app, attempt, exc)
 
@@ -136,7 +138,13 @@ def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:
     return app.retry_policy.after_failure(job, error, delay, now=app.clock.now())
 
 
-_OUTCOME_RECORD = {Complete: "completed", Fail: "failed", RetryAt: "retry", Release: "released"}
+_OUTCOME_RECORD = {
+    Complete: "completed",
+    Fail: "failed",
+    RetryAt: "retry",
+    Release: "released",
+    Wait: "waiting",
+}
 
 
 async def _landed(app: Backburner, job: Job, outcome: Outcome) -> Job | None:
@@ -183,7 +191,7 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
             error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
             outcome = Fail(error, dead_letter_ttl)
         except BackendError as exc:
-            if isinstance(outcome, Release) or time.monotonic() + delay > give_up:
+            if isinstance(outcome, Release | Wait) or time.monotonic() + delay > give_up:
                 log.warning(
                     "job %s: outcome not stored (%s); the job runs again when its lease expires",
                     job.task_id,
@@ -197,11 +205,15 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
         except Exception as exc:  # a bug, not the storage: fail the job rather than loop
             failures += 1
             log.exception("job %s: could not store its outcome", job.task_id)
-            if isinstance(outcome, Release) or failures > 1:
+            if isinstance(outcome, Release | Wait) or failures > 1:
                 return  # the lease will expire and the sweeper re-queues the job
             error = ErrorInfo(type="internal_error", message=f"outcome not stored: {exc}")
             outcome = Fail(error, dead_letter_ttl)
     attempt.settled = True
+    # A child may have ended between a pipeline's look at its children and this write, so its
+    # hook's wake found the pipeline still processing: looking once more closes that gap.
+    if isinstance(outcome, Wait) and not await app.backend.has_open_children(job.task_id):
+        await app.backend.wake(job.task_id, now=app.clock.now())
     if isinstance(outcome, Complete):
         await app.hooks.complete(stored)
     elif isinstance(outcome, Fail):

@@ -46,6 +46,7 @@ JOB_FIELDS = {
     "status",
     "priority",
     "tenant",
+    "parent_id",
     "created_at",
     "started_at",
     "finished_at",

@@ -333,3 +333,11 @@ async def test_a_cursor_too_large_to_store_is_422(transport: str, tmp_path: Path
         for path in ("/v1/tasks", "/v1/dlq"):
             response = await srv.client.get(path, params={"cursor": "1" * 30})
             assert_error(response, 422, "invalid_request")  # the schema states the pattern
+
+
+async def test_a_query_parameter_given_twice_is_refused(tmp_path: Path) -> None:
+    async with serve("asgi", tmp_path, run_worker=False) as server:
+        answer = await server.client.get("/v1/tasks", params=[("limit", "5"), ("limit", "7")])
+        body = assert_error(answer, 422, "invalid_request")
+        assert "'limit'" in body["message"]
+        assert (await server.client.get("/v1/tasks", params={"limit": "5"})).status_code == 200

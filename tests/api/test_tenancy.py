@@ -155,16 +155,22 @@ async def test_without_keys_every_caller_is_the_default_tenant(tmp_path: Path) -
 # -- isolation --------------------------------------------------------------------------------
 
 
-def _task_routes(server: Server) -> list[tuple[str, str]]:
-    """Every (method, path) of the spec that names one task: the sweep's subject."""
+_OWNED = re.compile(r"\{(task_id|batch_id)\}")
+"""The path parameters that name something a tenant owns: a task, or a batch (also a task)."""
+
+
+def _owned_routes(server: Server) -> list[tuple[str, str]]:
+    """Every (method, path) of the spec that names one task or batch: the sweep's subject.
+    A path parameter of any other name fails here, so a new kind of id joins the sweep."""
     spec = server.app.openapi()
-    found = [
-        (method.upper(), path)
-        for path, operations in spec["paths"].items()
-        if "{task_id}" in path
-        for method in operations
-    ]
-    assert len(found) >= 7, found  # get, events, cancel, delete, webhooks, redeliver, replay
+    found = []
+    for path, operations in spec["paths"].items():
+        params = re.findall(r"\{([^}]+)\}", path)
+        assert set(params) <= {"task_id", "batch_id"}, f"{path}: add its id to the sweep"
+        found.extend((method.upper(), path) for method in operations if params)
+    # get, events, cancel, delete, webhooks, redeliver, replay; a batch: get, results, cancel
+    assert len(found) >= 10, found
+    assert any("{batch_id}" in path for _, path in found), found
     return found
 
 
@@ -172,20 +178,39 @@ def _normalise(body: dict[str, Any], task_id: str) -> dict[str, Any]:
     return {"error": {k: str(v).replace(task_id, "<id>") for k, v in body["error"].items()}}
 
 
+async def _batch(client: httpx.AsyncClient, max_tokens: int) -> str:
+    request = {"custom_id": "only", "prompt": "hi", "max_tokens": max_tokens}
+    response = await client.post("/v1/batches", json={"requests": [request]})
+    assert response.status_code == 202, response.text
+    return str(response.json()["batch_id"])
+
+
 async def test_bola_sweep_every_task_route_answers_404_to_another_tenant(tmp_path: Path) -> None:
-    async with keyed(tmp_path) as server, as_(server, KEY_A) as a, as_(server, KEY_B) as b:
-        done = await submit(a)
+    # A parked batch stays parked (queued) until its child ends, not re-run every few seconds.
+    allow = {"webhook_allow_hosts": "127.0.0.0/8", "pipeline_poll_s": 3600.0}
+    async with keyed(tmp_path, **allow) as server, as_(server, KEY_A) as a, as_(server, KEY_B) as b:
+        done = await submit(a, webhook_url="http://127.0.0.1:9/hook")  # with a webhook message
         failed = await submit(a, "doomed")
         queued = await submit(a, "quick", delay_s=3600)
+        running = await submit(a, "hold")
+        batch_done = await _batch(a, 1)
+        batch_running = await _batch(a, 4096)  # ~80 s of simulated tokens
         await finished(a, done, "completed")
         await finished(a, failed, "failed")
-        before = {t: (await a.get(f"/v1/tasks/{t}")).json() for t in (done, failed, queued)}
-        for method, path in _task_routes(server):
-            for victim in (done, failed, queued):
-                foreign = await b.request(method, path.replace("{task_id}", victim))
+        await finished(a, batch_done, "completed")
+        await server.wait_started(running)
+        await eventually(
+            lambda: _batch_status(a, batch_running, "processing"), message="a batch running"
+        )
+        assert len((await a.get(f"/v1/tasks/{done}/webhooks")).json()) == 1
+        victims = (done, failed, queued, running, batch_done, batch_running)
+        before = {t: (await a.get(f"/v1/tasks/{t}")).json() for t in victims}
+        for method, path in _owned_routes(server):
+            for victim in victims:
+                foreign = await b.request(method, _OWNED.sub(victim, path))
                 missing_id = "task_" + uuid.uuid4().hex
-                missing = await b.request(method, path.replace("{task_id}", missing_id))
-                where = f"{method} {path} on a {before[victim]['status']} job"
+                missing = await b.request(method, _OWNED.sub(missing_id, path))
+                where = f"{method} {path} on a {before[victim]['status']} {before[victim]['type']}"
                 assert foreign.status_code == 404, (where, foreign.text)
                 assert missing.status_code == 404, (where, missing.text)
                 assert _normalise(foreign.json(), victim) == _normalise(
@@ -198,10 +223,16 @@ async def test_bola_sweep_every_task_route_answers_404_to_another_tenant(tmp_pat
         for task_id, was in before.items():
             now = (await a.get(f"/v1/tasks/{task_id}")).json()
             assert (now["status"], now["attempts"]) == (was["status"], was["attempts"])
-        for method, path in _task_routes(server):
+        for method, path in _owned_routes(server):
             if method == "GET":
-                own = await a.request(method, path.replace("{task_id}", done))
+                own_id = batch_done if "{batch_id}" in path else done
+                own = await a.request(method, _OWNED.sub(own_id, path))
                 assert own.status_code == 200, (path, own.text)
+        await a.post(f"/v1/batches/{batch_running}/cancel")
+
+
+async def _batch_status(client: httpx.AsyncClient, batch_id: str, status: str) -> bool:
+    return bool((await client.get(f"/v1/batches/{batch_id}")).json()["status"] == status)
 
 
 async def test_listings_show_only_the_callers_jobs(tmp_path: Path) -> None:
@@ -320,6 +351,9 @@ async def test_prompt_and_max_tokens_caps_are_per_tenant(tmp_path: Path) -> None
         assert "8" in assert_error(many, 422)["message"]
         ok = await tiny.post("/v1/generate", json={"prompt": "hi", "max_tokens": 8})
         assert ok.status_code == 202, ok.text
+        for sneaky in ({"prompt": "x" * 21}, {"prompt": "hi", "max_tokens": 9}):  # via /v1/tasks
+            around = await tiny.post("/v1/tasks", json={"type": "generate", "input": sneaky})
+            assert_error(around, 422, "invalid_input")
         async with as_(server, KEY_A) as a:
             roomy = await a.post("/v1/generate", json={"prompt": "x" * 21, "max_tokens": 9})
             assert roomy.status_code == 202

@@ -375,3 +375,48 @@ async def test_fair_order_survives_a_second_connection(backend: Backend) -> None
         small, _ = await other.enqueue(new_job(tenant="small"))
         claimed = await other.claim("w2", limit=2, now=T0, lease_s=LEASE)
     assert [j.task_id for j in claimed] == [big[0].task_id, small.task_id]
+
+
+async def test_workers_of_one_type_do_not_push_back_another_types_tenants(
+    backend: Backend,
+) -> None:
+    for i in range(30):
+        await tenant_job(backend, "big", task_type="gen", payload={"i": i})
+    for i in range(30):
+        await tenant_job(backend, "embedder", task_type="embed", payload={"i": i})
+    drained = await backend.claim("w1", limit=30, now=T0, lease_s=LEASE, types=["embed"])
+    assert len(drained) == 30
+    late = await tenant_job(backend, "small", task_type="gen")
+    first = await backend.claim("w2", limit=2, now=T0, lease_s=LEASE, types=["gen"])
+    assert late.task_id in {j.task_id for j in first}
+
+
+async def test_a_new_type_starts_level_with_the_others(backend: Backend) -> None:
+    old = [await tenant_job(backend, "acme", task_type="x", payload={"i": i}) for i in range(20)]
+    assert len(await backend.claim("w1", limit=10, now=T0, lease_s=LEASE, types=["x"])) == 10
+    new = [await tenant_job(backend, "acme", task_type="y", payload={"i": i}) for i in range(5)]
+    claimed = await backend.claim("w1", limit=4, now=T0, lease_s=LEASE, types=["x", "y"])
+    assert [j.task_id for j in claimed] == [
+        old[10].task_id,
+        new[0].task_id,
+        old[11].task_id,
+        new[1].task_id,
+    ]
+
+
+async def test_a_replay_past_the_quota_is_refused(backend: Backend) -> None:
+    failed = await tenant_job(backend, "acme")
+    claimed = await claim_one(backend, failed.task_id)
+    await backend.finish(failed.task_id, claimed.fence, Fail(error(), ttl_s=TTL), now=T0)
+    await tenant_job(backend, "acme")
+    with pytest.raises(QuotaExceededError):
+        await backend.replay(
+            failed.task_id, now=T0 + 1, extra_attempts=1, quota=Quota(max_in_flight=1)
+        )
+    stored = await backend.get(failed.task_id)
+    assert stored is not None and stored.status == JobStatus.FAILED
+    assert await backend.tenant_in_flight("acme") == 1
+    replayed = await backend.replay(
+        failed.task_id, now=T0 + 1, extra_attempts=1, quota=Quota(max_in_flight=2)
+    )
+    assert replayed.status == JobStatus.QUEUED

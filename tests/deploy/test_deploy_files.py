@@ -163,7 +163,11 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
 
 
 def compose_env() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/root")}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/root"),
+        "BACKBURNER_API_KEYS": "demo:bb_compose-test-key",  # the compose file requires keys
+    }
 
 
 def load_compose(env: dict[str, str], loader: str) -> dict[str, Any]:
@@ -830,6 +834,30 @@ def test_image_healthcheck_against_the_image_cmd(tmp_path: Path) -> None:
     with running(argv, env, tmp_path, url):
         assert run_healthcheck(healthcheck, url) == 0
     assert run_healthcheck(healthcheck, url) != 0
+
+
+def test_the_image_cmd_as_written_refuses_to_serve_without_keys(tmp_path: Path) -> None:
+    """On 0.0.0.0, as the image runs it, the API needs keys (compose and k8s provide them)."""
+    (cmd,) = [rest for keyword, rest in final_stage() if keyword == "CMD"]
+    argv = exec_form(cmd)
+    assert "0.0.0.0" in argv
+    done = subprocess.run(
+        [sys.executable, "-m", *argv[argv.index("backburner") :]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": str(tmp_path),
+            "BACKBURNER_BACKEND_URL": f"sqlite:///{tmp_path}/a.db",
+        },
+    )
+    assert done.returncode == 2 and "without API keys" in done.stderr, done.stderr
+    api = load_compose(compose_env(), "pyyaml")["services"]["api"]
+    assert environment(api)["BACKBURNER_API_KEYS"] == "demo:bb_compose-test-key"
+    with pytest.raises(AssertionError, match="BACKBURNER_API_KEYS"):
+        load_compose({k: v for k, v in compose_env().items() if "KEYS" not in k}, "pyyaml")
 
 
 @pytest.mark.slow

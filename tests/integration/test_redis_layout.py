@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from backburner.backends import redis as redis_backend
-from backburner.backends.base import Complete, Fail, Quota
+from backburner.backends import redis_reads
+from backburner.backends.base import Complete, Fail, Quota, Release, RetryAt, Wait
 from backburner.backends.redis import RedisBackend
+from backburner.errors import BackendError, QuotaExceededError
 from backburner.models import ErrorInfo, JobStatus, WebhookAttempt, WebhookStatus
 
-from ..conformance._support import T0, claim_one, enqueue, new_job
+from ..conformance._support import T0, claim_one, enqueue, error, new_job
 from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+from .test_redis_upgrade import dump
 
 GRACE = 3600  # redis_lua/prelude.lua: keys outlive expires_at by this much
 
@@ -115,8 +117,13 @@ async def test_tenants_are_three_global_hashes_an_index_and_a_tag_in_each_queue_
     job, _ = await engine.enqueue(new_job(now=T0, tenant="globex"), quota=Quota(per_minute=4))
     assert await client.hgetall(p + "inflight") == {b"acme": b"3", b"globex": b"1"}
     assert await client.hgetall(p + "rates") == {b"globex": b"%d" % (T0 + 15)}  # 60 s / 4
-    # No claim yet: no clock; each tenant's last tag at priority 0 (code 100).
-    assert await client.hgetall(p + "fair") == {b"100:acme": b"260000", b"100:globex": b"10000"}
+    # One hash per task type: its queue's clock at priority 0 (code 100), opened at the first
+    # tag, and each tenant's last tag in that queue.
+    assert await client.hgetall(p + "fair:summarize") == {
+        b"100": b"0",
+        b"100:acme": b"260000",
+        b"100:globex": b"10000",
+    }
     j = p + "j:" + cheap.task_id
     assert await client.hmget(j, "tenant", "_fc", "_tg") == [b'"acme"', b"250000", b"260000"]
     members = await client.zrange(p + "r:summarize", 0, -1)
@@ -140,8 +147,8 @@ async def test_tenants_are_three_global_hashes_an_index_and_a_tag_in_each_queue_
     # A claim moves the clock to the largest tag it took; the delayed job, due now, joins.
     claimed = await engine.claim("w1", limit=2, now=T0 + 5, lease_s=30)
     assert [c.task_id for c in claimed] == [first.task_id, job.task_id]
-    assert await client.hget(p + "fair", "100") == b"10000"
-    assert await client.hget(p + "fair", "100:acme") == b"270000"
+    assert await client.hget(p + "fair:summarize", "100") == b"10000"
+    assert await client.hget(p + "fair:summarize", "100:acme") == b"270000"
     assert await client.hget(p + "j:" + later.task_id, "_tg") == b"270000"
     await engine.finish(first.task_id, claimed[0].fence, Complete(None), now=T0 + 6)
     await engine.finish(job.task_id, claimed[1].fence, Complete(None), now=T0 + 6)
@@ -155,10 +162,132 @@ async def test_tenants_are_three_global_hashes_an_index_and_a_tag_in_each_queue_
     assert await client.exists(p + "i:n:acme", p + "i:n:globex") == 0
 
 
+async def test_each_type_has_its_own_clocks_and_tenants_last_tags(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    # Names with ':' in them: the key holds the type, a field the priority code (3 digits)
+    # and then the tenant, so no two of them can meet.
+    first = await enqueue(engine, "a:b", now=T0, tenant="x:100")
+    await enqueue(engine, "a:b", now=T0, tenant="x:100")
+    other = await enqueue(engine, "a", now=T0, tenant="x", priority=5)
+    claimed = await engine.claim("w1", limit=1, now=T0, lease_s=30, types=["a:b"])
+    assert [c.task_id for c in claimed] == [first.task_id]
+    assert await client.hgetall(p + "fair:a:b") == {b"100": b"10000", b"100:x:100": b"20000"}
+    assert await client.hgetall(p + "fair:a") == {b"095": b"0", b"095:x": b"10000"}
+    # A new queue at priority 0 opens at the largest clock of any type there; one at a
+    # priority nobody used yet at 0.
+    await enqueue(engine, "c", now=T0, tenant="x")
+    await enqueue(engine, "c", now=T0, tenant="x", priority=7)
+    assert await client.hgetall(p + "fair:c") == {
+        b"100": b"10000",
+        b"100:x": b"20000",
+        b"093": b"0",
+        b"093:x": b"10000",
+    }
+    assert await client.exists(p + "fair") == 0
+    (taken,) = await engine.claim("w1", limit=1, now=T0, lease_s=30, types=["a"])
+    assert taken.task_id == other.task_id
+    assert await client.hget(p + "fair:a", "095") == b"10000"
+    assert await client.hget(p + "fair:a:b", "100") == b"10000"  # the other type's is as it was
+
+
+async def test_replay_and_finish_take_a_job_without_tenant_or_cost_as_the_default_tenants(
+    engine: RedisBackend, client: Redis
+) -> None:
+    """A hash without ``tenant`` and ``_fc`` (and ``_tg``, ``_pq``, ``priority``, ``_sq``)
+    does not make a script fail half-way (once, a replay left such a job queued in no queue):
+    each reads what it needs before its first write and takes the defaults, tenant "default"
+    and the cost of weight 1, as the store upgrade would have given it."""
+    p = "{" + engine.prefix + "}:"
+    job = await enqueue(engine, "summarize", now=T0, tenant="acme")
+    j = p + "j:" + job.task_id
+    bare = ("tenant", "_fc", "_tg", "_pq", "priority", "_sq")
+    claimed = await claim_one(engine, now=T0)
+    await engine.finish(job.task_id, claimed.fence, Fail(error(), ttl_s=900), now=T0 + 1)
+    await client.hdel(j, *bare)
+    assert await client.exists(p + "inflight") == 0
+
+    with pytest.raises(QuotaExceededError, match="'default'"):
+        await engine.replay(job.task_id, now=T0 + 2, extra_attempts=3, quota=Quota(0))
+    assert (await engine.get(job.task_id)).status == JobStatus.FAILED  # type: ignore[union-attr]
+    replayed = await engine.replay(job.task_id, now=T0 + 2, extra_attempts=3, quota=Quota(1))
+    assert replayed.status == JobStatus.QUEUED
+    assert await client.hgetall(p + "inflight") == {b"default": b"1"}
+    tag = b"%019d" % 20_000  # the queue's clock (10,000) + 10,000
+    assert await client.zrange(p + "r:summarize", 0, -1) == [
+        b"100" + tag + b"%012d%017d" % (1, int((T0 + 2) * 1e6)) + job.task_id.encode()
+    ]
+
+    # Claimed and handed back without a tag: first in line, at its queue's clock.
+    claimed = await claim_one(engine, job.task_id, now=T0 + 3)
+    await client.hdel(j, *bare)
+    await engine.finish(job.task_id, claimed.fence, Release("shutdown"), now=T0 + 4)
+    assert await client.zrange(p + "r:summarize", 0, -1) == [
+        b"100%019d%012d%017d" % (20_000, 1, int((T0 + 4) * 1e6)) + job.task_id.encode()
+    ]
+    claimed = await claim_one(engine, job.task_id, now=T0 + 5)
+    await client.hdel(j, *bare)
+    retry = RetryAt(error(), run_at=T0 + 5)  # due now: to the back of the default tenant's line
+    await engine.finish(job.task_id, claimed.fence, retry, now=T0 + 5)
+    assert await client.hget(p + "fair:summarize", "100:default") == b"30000"
+    assert await client.hget(j, "_tg") == b"30000"
+    claimed = await claim_one(engine, job.task_id, now=T0 + 6)
+    await client.hdel(j, *bare, "_ttl")
+    done = await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 7)
+    assert done.status == JobStatus.COMPLETED and done.expires_at == T0 + 7 + 3600  # spec's ttl
+    assert await client.exists(p + "inflight") == 0
+    assert await client.zcard(p + "r:summarize") == 0
+
+    # So does a cancel, of a queued job (out of its queue) and of a running one.
+    queued = await enqueue(engine, "summarize", now=T0 + 8)
+    running = await enqueue(engine, "summarize", now=T0 + 8)
+    claimed = await claim_one(engine, queued.task_id, now=T0 + 8)
+    await engine.finish(queued.task_id, claimed.fence, Release("shutdown"), now=T0 + 8)
+    claimed = await claim_one(engine, queued.task_id, now=T0 + 8)  # queued again, then running
+    assert claimed.task_id == queued.task_id
+    await engine.finish(queued.task_id, claimed.fence, Release("shutdown"), now=T0 + 8)
+    for task_id in (queued.task_id, running.task_id):
+        await client.hdel(p + "j:" + task_id, *bare, "_ttl")
+    await engine.cancel(queued.task_id, now=T0 + 9)
+    assert [m[51:] for m in await client.zrange(p + "r:summarize", 0, -1)] == [
+        running.task_id.encode()
+    ]
+    claimed = await claim_one(engine, running.task_id, now=T0 + 9)
+    await client.hdel(p + "j:" + running.task_id, *bare)
+    cancelled, changed = await engine.cancel(running.task_id, now=T0 + 10)
+    assert changed and cancelled.expires_at == T0 + 10 + 3600
+    assert await engine.poll_cancellations("w1") == {running.task_id: claimed.fence}
+    assert await client.exists(p + "inflight") == 0
+    assert await client.zcard(p + "r:summarize") == 0
+    assert await client.zcard(p + "i:s:queued") == await client.zcard(p + "i:s:processing") == 0
+
+
+async def test_a_job_without_a_type_is_refused_before_anything_is_written(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    job = await enqueue(engine, "summarize", now=T0)
+    claimed = await claim_one(engine, now=T0)
+    await client.hdel(p + "j:" + job.task_id, "_ty")
+    before = await dump(client, engine.prefix)
+    for outcome in (Complete(None), Release("shutdown"), RetryAt(error(), run_at=T0)):
+        with pytest.raises(BackendError, match="has no task type"):
+            await engine.finish(job.task_id, claimed.fence, outcome, now=T0 + 1)
+        assert await dump(client, engine.prefix) == before
+    await client.hset(p + "j:" + job.task_id, "_ty", "summarize")
+    await engine.finish(job.task_id, claimed.fence, Fail(error(), ttl_s=900), now=T0 + 1)
+    await client.hdel(p + "j:" + job.task_id, "_ty")
+    before = await dump(client, engine.prefix)
+    with pytest.raises(BackendError, match="has no task type"):
+        await engine.replay(job.task_id, now=T0 + 2, extra_attempts=1)
+    assert await dump(client, engine.prefix) == before
+
+
 async def test_a_listing_page_cut_short_by_its_scan_budget_goes_on_from_its_cursor(
     engine: RedisBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_backend, "_LIST_SCAN_BUDGET", 5)
+    monkeypatch.setattr(redis_reads, "_LIST_SCAN_BUDGET", 5)
     wanted = []
     for i in range(12):  # acme's index is the smaller one: the walk is through it
         job = await enqueue(engine, payload={"i": i}, now=T0, tenant="acme")
@@ -183,6 +312,94 @@ async def test_a_listing_page_cut_short_by_its_scan_budget_goes_on_from_its_curs
     assert pages > 2  # some pages were cut short (acme's 12 are looked at, 5 at a time)
 
 
+async def test_children_are_a_hash_field_an_index_per_parent_and_a_global_open_count(
+    engine: RedisBackend, client: Redis
+) -> None:
+    p = "{" + engine.prefix + "}:"
+    parent = await enqueue(engine, now=T0)
+    claimed = await claim_one(engine, parent.task_id, now=T0)
+    kids = [await enqueue(engine, now=T0, parent_id=parent.task_id) for _ in range(3)]
+    assert await client.hget(p + "j:" + kids[0].task_id, "parent_id") == (
+        b'"%s"' % parent.task_id.encode()
+    )
+    assert await client.hexists(p + "j:" + parent.task_id, "parent_id") is False
+    assert await client.zrange(p + "i:p:" + parent.task_id, 0, -1, withscores=True) == [
+        (k.task_id.encode(), float(n)) for n, k in enumerate(kids, start=2)
+    ]
+    assert await client.hgetall(p + "open") == {parent.task_id.encode(): b"3"}
+
+    # Wait parks the parent in the delayed set (no tag until it is due), its count unchanged.
+    waiting = await engine.finish(
+        parent.task_id, claimed.fence, Wait(T0 + 3600, "children"), now=T0 + 1
+    )
+    assert waiting.status == JobStatus.QUEUED and waiting.attempts == 0
+    assert await client.zrange(p + "delayed", 0, -1, withscores=True) == [
+        (b"%012d%s" % (1, parent.task_id.encode()), T0 + 3600)
+    ]
+    assert await client.hget(p + "inflight", "default") == b"1"  # children are not counted
+
+    # Children end: complete, fail (then replayed: open again), cancel; 0 drops the field.
+    first, second = await engine.claim("w1", limit=2, now=T0 + 2, lease_s=30)
+    await engine.finish(first.task_id, first.fence, Complete(1), now=T0 + 3)
+    await engine.finish(second.task_id, second.fence, Fail(error(), ttl_s=60), now=T0 + 3)
+    assert await client.hget(p + "open", parent.task_id) == b"1"
+    await engine.replay(second.task_id, now=T0 + 4, extra_attempts=1)
+    assert await client.hget(p + "open", parent.task_id) == b"2"
+    for kid in (kids[1], kids[2]):
+        await engine.cancel(kid.task_id, now=T0 + 5)
+    assert await client.exists(p + "open") == 0
+    assert await engine.has_open_children(parent.task_id) is False
+
+    # wake: out of the delayed set into its ready queue with a tag, due now.
+    assert await engine.wake(parent.task_id, now=T0 + 6) is True
+    assert await client.zcard(p + "delayed") == 0
+    tag = int(await client.hget(p + "j:" + parent.task_id, "_tg") or 0)
+    assert await client.zrange(p + "r:summarize", 0, -1) == [
+        b"100%019d%012d%017d%s" % (tag, 1, int((T0 + 6) * 1e6), parent.task_id.encode())
+    ]
+    assert await engine.wake(parent.task_id, now=T0 + 6) is False
+
+    # Purge takes the children out of their parent's index; the last one takes the key.
+    assert await engine.purge_expired(now=T0 + 10_000, limit=10) == 3
+    assert await client.exists(p + "i:p:" + parent.task_id) == 0
+
+
+async def test_a_listing_of_a_parents_children_by_status_walks_the_parents_index(
+    engine: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_reads, "_LIST_SCAN_BUDGET", 5)
+    parent = await enqueue(engine, now=T0, run_at=T0 + 100)
+    wanted = []
+    for i in range(6):
+        kid = await enqueue(engine, payload={"i": i}, now=T0, parent_id=parent.task_id)
+        if i % 2 == 0:
+            await engine.cancel(kid.task_id, now=T0)
+            wanted.append(kid.task_id)
+        for _ in range(3):  # many more cancelled jobs that are nobody's children
+            other = await enqueue(engine, payload={"i": i}, now=T0)
+            await engine.cancel(other.task_id, now=T0)
+
+    async def walk(**filters: Any) -> tuple[list[str], int]:
+        seen, cursor, pages = [], None, 0
+        while True:
+            page = await engine.list_jobs(
+                parent_id=parent.task_id,
+                status=JobStatus.CANCELLED,
+                limit=2,
+                cursor=cursor,
+                **filters,
+            )
+            pages += 1
+            seen += [j.task_id for j in page.jobs]
+            cursor = page.next_cursor
+            if cursor is None:
+                return seen, pages
+
+    # The parent's 6 are looked at, 5 at a time; not the 21 cancelled jobs.
+    assert await walk() == (wanted[::-1], 2)
+    assert await walk(tenant="default", type="summarize") == (wanted[::-1], 2)
+
+
 async def test_a_slot_key_is_a_sorted_set_that_expires_after_its_last_lease(
     engine: RedisBackend, client: Redis
 ) -> None:
@@ -190,7 +407,7 @@ async def test_a_slot_key_is_a_sorted_set_that_expires_after_its_last_lease(
     key = f"{{{engine.prefix}}}:slot:model-x"
     assert await engine.acquire_slot("model-x", "a", limit=2, lease_s=30, now=T0) is True
     assert await engine.acquire_slot("model-x", "b", limit=2, lease_s=90, now=T0) is True
-    assert await keys_of(client, engine.prefix) == [key]
+    assert await keys_of(client, engine.prefix) == sorted([key, f"{{{engine.prefix}}}:layout"])
     assert await client.type(key) == b"zset"
     assert await client.zrange(key, 0, -1, withscores=True) == [(b"a", T0 + 30), (b"b", T0 + 90)]
     # The TTL follows the latest lease, whoever set it last.

@@ -79,7 +79,16 @@ def test_keys_from_settings_plain_or_hashed() -> None:
 
 
 @pytest.mark.parametrize(
-    "entry", ["acme", "acme:", ":bb_key", "bad name:bb_key", "acme:sha256:abc"]
+    "entry",
+    [
+        "acme",
+        "acme:",
+        ":bb_key",
+        "bad name:bb_key",
+        "acme:sha256:abc",
+        "acme:my key!",
+        "default:bb_key",
+    ],
 )
 def test_bad_key_entries_fail_loudly(entry: str) -> None:
     with pytest.raises(ConfigurationError):
@@ -145,4 +154,6 @@ def test_the_keys_commands(tmp_path: Path) -> None:
     assert again.exit_code == 1 and "no key" in again.output
     bad = runner.invoke(cli, ["keys", "create", "--tenant", "bad name", "--keys-file", path])
     assert bad.exit_code == 2 and "tenant name" in bad.output
+    reserved = runner.invoke(cli, ["keys", "create", "--tenant", "default", "--keys-file", path])
+    assert reserved.exit_code == 2 and "reserved" in reserved.output
     assert "Traceback" not in bad.output

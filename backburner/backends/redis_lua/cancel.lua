@@ -1,31 +1,55 @@
 -- ARGV: P, id, now, msg_id, webhook event
+-- Everything is read and checked before the first write, so no input makes the script fail
+-- half-way (a job left in a queue, a count off by one).
 local id, now = ARGV[2], ARGV[3]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', '_ty', '_sq', '_tg', 'worker_id', 'fence', '_cur',
-  '_ttl', '_ik', 'priority', 'webhook_url', 'tenant', '_pq', 'run_at')
+  '_ttl', '_ik', 'priority', 'webhook_url', 'tenant', '_pq', 'run_at', 'parent_id')
 if not f[1] then return {'missing'} end
 local status = raw(f[1])
 if TERMINAL[status] then return {'unchanged', read_job(id)} end
-local ty, url = f[2], f[11]
+local ty, sq, seq, priority, pq, tenant = job_line(id, f[2], f[3], f[10], f[13], f[12], nil)
+if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
+local url = f[11]
 if not url then url = spec_webhook_url(id) end -- a job of the previous release
+local ttl = job_ttl(id, f[8])
+local worker = json_string(f[5])
+
+-- A queued job's member in its ready queue, when its hash cannot name it (no _tg): a walk of
+-- the queue, so that no member is left for a claim to take (it would run a cancelled job).
+local function drop_ready(key)
+  local pattern = '*' .. (string.gsub(id, '[%*%?%[%]\\]', '\\%0'))
+  local cursor = '0'
+  repeat
+    local page = redis.call('ZSCAN', key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      if string.sub(page[2][i], M_ID) == id then redis.call('ZREM', key, page[2][i]) end
+    end
+  until cursor == '0'
+end
+
 if status == 'queued' then
-  if f[4] then -- it was tagged (a delayed job's stale tag names no member: nothing removed)
-    redis.call('ZREM', rkey(ty), ready_member(id, f[13], f[4], f[3], f[14]))
+  local gone = redis.call('ZREM', DELAYED, sq .. id)
+  if tonumber(f[4]) and tonumber(f[14]) then -- tagged (a delayed job's stale tag: no member)
+    gone = gone + redis.call('ZREM', rkey(ty), ready_member(id, pq, f[4], sq, f[14]))
   end
-  redis.call('ZREM', DELAYED, f[3] .. id)
-  redis.call('HINCRBY', QPRIO, f[10], -1)
+  if gone == 0 then drop_ready(rkey(ty)) end
+  redis.call('HINCRBY', QPRIO, priority, -1)
 elseif status == 'processing' then
   close_history(id, f[7], now, 'cancelled', nil)
   redis.call('ZREM', LEASES, id)
-  local signals = P .. 'c:' .. cjson.decode(f[5])
-  redis.call('HSET', signals, id, f[6])
-  redis.call('EXPIRE', signals, 86400)
+  if worker then
+    local signals = P .. 'c:' .. worker
+    redis.call('HSET', signals, id, f[6])
+    redis.call('EXPIRE', signals, 86400)
+  end
 end
-local expires = tonumber(now) + tonumber(f[8])
+local expires = tonumber(now) + ttl
 redis.call('HSET', j, 'status', '"cancelled"', 'finished_at', now, 'expires_at', num(expires))
 redis.call('HDEL', j, 'lease_expires_at', '_tg')
-reindex(id, ty, tonumber(f[3]), status, 'cancelled')
-if f[12] then leave_flight(cjson.decode(f[12])) end
+reindex(id, ty, seq, status, 'cancelled')
+leave_flight(tenant, parent_of(f[15]))
 event(id, 'status', '{"status":"cancelled"}', now)
 write_webhook(id, url, ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now))
 return {'ok', read_job(id)}

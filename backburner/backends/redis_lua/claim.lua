@@ -6,10 +6,12 @@ local limit = tonumber(ARGV[6])
 local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1000)
 for _, m in ipairs(due) do
   local id = string.sub(m, 13)
-  local f = redis.call('HMGET', jkey(id), '_ty', '_pq', 'tenant', '_fc', 'run_at', 'status')
-  if f[1] and f[6] == '"queued"' then
-    local tag = fair_tag(cjson.decode(f[3]), f[2], f[4])
-    add_ready(id, f[1], f[2], tag, string.sub(m, 1, 12), f[5]) -- a claim is looking now
+  local f = redis.call('HMGET', jkey(id), '_ty', '_pq', 'tenant', '_fc', 'run_at', 'status',
+    'priority')
+  if f[6] == '"queued"' and tonumber(f[5]) then -- (one without a type or run_at is dropped)
+    local ty, sq, _, _, pq, tenant, cost = job_line(id, f[1], string.sub(m, 1, 12), f[7], f[2],
+      f[3], f[4])
+    if ty then add_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, f[5]) end
   end
   redis.call('ZREM', DELAYED, m)
 end
@@ -37,7 +39,7 @@ end
 if #types > 1 then table.sort(candidates) end
 
 local out = {}
-local clocks = {} -- priority code -> the largest tag claimed at it
+local clocks = {} -- type -> priority code -> the largest tag claimed from that queue
 for i = 1, math.min(limit, #candidates) do
   local m = candidates[i]
   local ty = type_of[m]
@@ -45,24 +47,29 @@ for i = 1, math.min(limit, #candidates) do
   local j = jkey(id)
   redis.call('ZREM', rkey(ty), m)
   local pq, tag = string.sub(m, 1, 3), tonumber(string.sub(m, M_TAG, M_SEQ - 1))
-  if not clocks[pq] or tag > clocks[pq] then clocks[pq] = tag end
-  local f = redis.call('HMGET', j, 'attempts', 'fence', '_sq', 'priority')
-  local attempt = tonumber(f[1]) + 1
+  local top = clocks[ty]
+  if not top then top = {}; clocks[ty] = top end
+  if not top[pq] or tag > top[pq] then top[pq] = tag end
+  local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority')
+  local attempt = (tonumber(f[1]) or 0) + 1
   local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
   redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt,
-    'fence', tonumber(f[2]) + 1, 'worker_id', wjson, 'lease_expires_at', lease,
+    'fence', (tonumber(f[2]) or 0) + 1, 'worker_id', wjson, 'lease_expires_at', lease,
     'started_at', now, '_cur', cur)
   redis.call('ZADD', LEASES, lease, id)
-  reindex(id, ty, tonumber(f[3]), 'queued', 'processing')
-  redis.call('HINCRBY', QPRIO, f[4], -1)
+  reindex(id, ty, tonumber(string.sub(m, M_SEQ, M_RUN - 1)), 'queued', 'processing')
+  redis.call('HINCRBY', QPRIO, f[3] or string.format('%d', 100 - tonumber(pq)), -1)
   event(id, 'status',
     '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
   out[#out + 1] = read_job(id)
 end
--- Claiming moves each priority's clock up to the largest tag claimed (never down: a released
--- job keeps an older tag).
-for pq, tag in pairs(clocks) do
-  local clock = tonumber(redis.call('HGET', FAIR, pq))
-  if not clock or tag > clock then redis.call('HSET', FAIR, pq, string.format('%.0f', tag)) end
+-- Claiming moves each queue's clock up to the largest tag claimed from it (never down: a
+-- released job keeps an older tag). Only that queue's: another type's tenants keep their place.
+for ty, top in pairs(clocks) do
+  local key = fkey(ty)
+  for pq, tag in pairs(top) do
+    local clock = tonumber(redis.call('HGET', key, pq))
+    if tag > (clock or 0) then redis.call('HSET', key, pq, string.format('%.0f', tag)) end
+  end
 end
 return out

@@ -1,9 +1,10 @@
 -- ARGV: P, id, type, spec, fingerprint, idempotency_key|'', max_queue|'', priority_code,
 --       run_at, delayed 0|1, created_at, priority, tenant, fair cost, max_in_flight|'',
---       per_minute|'', field, value, ...
+--       per_minute|'', parent_id|'', field, value, ... (the parent_id field too, as JSON)
 -- Checks in the order of Backend.enqueue; a refusal writes nothing.
 local id, ty, spec, fp, ik = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local tenant = ARGV[13]
+local parent = ARGV[17] ~= '' and ARGV[17] or nil
 if redis.call('EXISTS', jkey(id)) == 1 or redis.call('EXISTS', skey(id)) == 1 then
   return {'exists'}
 end
@@ -40,7 +41,7 @@ local seq = redis.call('INCR', P .. 'seq')
 local sq = string.format('%012d', seq)
 local j = jkey(id)
 local fields = {}
-for i = 17, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
 -- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. A Redis
 -- Stream costs about 4 KB from its first entry (Redis 7 preallocates a node), so a job gets
 -- its stream when it starts running, not while it waits.
@@ -48,16 +49,17 @@ redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[11], unpack(fi
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end
-redis.call('HINCRBY', INFLIGHT, tenant, 1)
+join_flight(tenant, parent)
 redis.call('ZADD', P .. 'i:all', seq, id)
 redis.call('ZADD', P .. 'i:t:' .. ty, seq, id)
 redis.call('ZADD', nkey(tenant), seq, id)
+if parent then redis.call('ZADD', pkey(parent), seq, id) end
 reindex(id, ty, seq, nil, 'queued')
 redis.call('SADD', P .. 'types', ty)
 redis.call('HINCRBY', QPRIO, ARGV[12], 1)
 if ARGV[10] == '1' then
   enqueue_delayed(id, ty, sq, ARGV[9])
 else
-  enqueue_ready(id, ty, ARGV[8], fair_tag(tenant, ARGV[8], ARGV[14]), sq, ARGV[9])
+  enqueue_ready(id, ty, ARGV[8], fair_tag(tenant, ty, ARGV[8], tonumber(ARGV[14])), sq, ARGV[9])
 end
 return {'ok'}

@@ -3,26 +3,47 @@
 --   fail:     error, dead-letter ttl
 --   retry:    error, run_at, delayed 0|1
 --   release:  event data
+--   wait:     event data, run_at, delayed 0|1
 local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[8]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', '_ty', '_sq',
-  'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url', 'tenant', '_fc', '_tg')
+  'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url', 'tenant', '_fc', '_tg',
+  'parent_id')
 if f[1] ~= '"processing"' or f[2] ~= fence then return {'lost'} end
-if ARGV[5] == '1' and tonumber(f[3]) > tonumber(now) then return {'lost'} end
-local cur, ty, seq, attempts, ik = f[4], f[5], tonumber(f[6]), f[7], f[9]
+local lease_end = tonumber(f[3]) -- none: it cannot be running on a lease any more
+if ARGV[5] == '1' and lease_end and lease_end > tonumber(now) then return {'lost'} end
+
+-- Everything is read and checked before the first write, so no input makes the script fail
+-- half-way (a job queued in no queue, a count off by one).
+if kind ~= 'complete' and kind ~= 'fail' and kind ~= 'retry' and kind ~= 'release'
+  and kind ~= 'wait' then
+  return redis.error_reply('unknown outcome ' .. tostring(kind))
+end
+local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[5], f[6], f[10], f[11], f[13],
+  f[14])
+if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
+local cur, ik = f[4], f[9]
+local parent = parent_of(f[16]) -- a child counts as open until it is terminal
+local attempts = tonumber(f[7]) or 0
 local url = f[12] -- nil for a job of the previous release: its spec holds it
 if not url and (kind == 'complete' or kind == 'fail') then url = spec_webhook_url(id) end
-redis.call('ZREM', LEASES, id)
+local ttl = 0
+if kind == 'complete' then ttl = job_ttl(id, f[8]) end
+local tag = tonumber(f[15]) -- a Release puts the job back at its place in its line
+if kind == 'release' and not tag then -- none kept: at the front, at its queue's clock
+  tag = tonumber(redis.call('HGET', fkey(ty), pq)) or 0
+end
 
+redis.call('ZREM', LEASES, id)
 if kind == 'complete' then
   close_history(id, cur, now, 'completed', nil)
-  local expires = tonumber(now) + tonumber(f[8])
+  local expires = tonumber(now) + ttl
   redis.call('HSET', j, 'status', '"completed"', 'result', ARGV[9], 'finished_at', now,
     'expires_at', num(expires), '_pp', '100')
   if ARGV[10] ~= '' then redis.call('HSET', j, 'usage', ARGV[10]) end
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg')
   reindex(id, ty, seq, 'processing', 'completed')
-  if f[13] then leave_flight(cjson.decode(f[13])) end
+  leave_flight(tenant, parent)
   event(id, 'status', ARGV[11], now)
   write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'fail' then
@@ -33,7 +54,7 @@ elseif kind == 'fail' then
     'expires_at', num(expires))
   redis.call('HDEL', j, 'lease_expires_at', '_tg')
   reindex(id, ty, seq, 'processing', 'failed')
-  if f[13] then leave_flight(cjson.decode(f[13])) end
+  leave_flight(tenant, parent)
   event(id, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}', now)
   event(id, 'status', '{"status":"failed","error":' .. err .. '}', now)
   write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
@@ -43,25 +64,37 @@ elseif kind == 'retry' then
   redis.call('HSET', j, 'status', '"queued"', 'error', err, 'run_at', run_at)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
   reindex(id, ty, seq, 'processing', 'queued')
-  redis.call('HINCRBY', QPRIO, f[10], 1)
+  redis.call('HINCRBY', QPRIO, priority, 1)
   event(id, 'attempt_failed',
     '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
   event(id, 'status', '{"status":"queued"}', now)
   if ARGV[11] == '1' then
-    enqueue_delayed(id, ty, f[6], run_at)
+    enqueue_delayed(id, ty, sq, run_at)
   else -- due now: to the back of its tenant's line
-    enqueue_ready(id, ty, f[11], fair_tag(cjson.decode(f[13]), f[11], f[14]), f[6], run_at)
+    enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
   end
-elseif kind == 'release' then
-  close_history(id, cur, now, 'released', nil)
-  redis.call('HSET', j, 'status', '"queued"', 'attempts', tonumber(attempts) - 1, 'run_at', now)
+elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like a RetryAt
+  local run_at = ARGV[10]
+  close_history(id, cur, now, 'waiting', nil)
+  redis.call('HSET', j, 'status', '"queued"', 'attempts', math.max(0, attempts - 1),
+    'run_at', run_at)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
   reindex(id, ty, seq, 'processing', 'queued')
-  redis.call('HINCRBY', QPRIO, f[10], 1)
+  redis.call('HINCRBY', QPRIO, priority, 1)
   event(id, 'status', ARGV[9], now)
-  -- Its place in its tenant's line is kept: the tag it was claimed with.
-  enqueue_ready(id, ty, f[11], f[15], f[6], now)
-else
-  return redis.error_reply('unknown outcome ' .. kind)
+  if ARGV[11] == '1' then
+    enqueue_delayed(id, ty, sq, run_at)
+  else -- due now: to the back of its tenant's line
+    enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
+  end
+else -- release
+  close_history(id, cur, now, 'released', nil)
+  redis.call('HSET', j, 'status', '"queued"', 'attempts', math.max(0, attempts - 1),
+    'run_at', now)
+  redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
+  reindex(id, ty, seq, 'processing', 'queued')
+  redis.call('HINCRBY', QPRIO, priority, 1)
+  event(id, 'status', ARGV[9], now)
+  enqueue_ready(id, ty, pq, tag, sq, now)
 end
 return {'ok', read_job(id)}

@@ -14,10 +14,19 @@ local LEASES = P .. 'leases'
 local EXPIRING = P .. 'expiring'
 local QPRIO = P .. 'qprio'
 local WAKE = P .. 'wake'
-local FAIR = P .. 'fair'         -- <pq> -> that priority's clock; <pq>:<tenant> -> last tag
 local INFLIGHT = P .. 'inflight' -- tenant -> its jobs queued or processing
 local RATES = P .. 'rates'       -- tenant -> its submission bucket's theoretical arrival time
 local function nkey(tenant) return P .. 'i:n:' .. tenant end
+-- Pipelines: a parent's children by seq (its listing index), and OPEN: parent id -> its
+-- children queued or processing (has_open_children; no field: none).
+local function pkey(parent) return P .. 'i:p:' .. parent end
+local OPEN = P .. 'open'
+-- Fair-share state of one task type's ready queues (one per priority): <pq> -> the clock of
+-- the queue at priority code pq (3 digits), <pq>:<tenant> -> the tenant's last tag in it. The
+-- fixed width of pq keeps the two kinds of field apart, whatever a tenant's name holds.
+local function fkey(ty) return P .. 'fair:' .. ty end
+local DEFAULT_TENANT = 'default' -- base.DEFAULT_TENANT
+local FAIR_SCALE = 10000         -- base.FAIR_SCALE: the fair cost of a job of weight 1
 
 -- Exact text for a double: 17 significant digits always read back as the same number.
 local function num(x) return string.format('%.17g', x) end
@@ -89,16 +98,86 @@ local function run_code(run_at) -- whole µs, 17 digits (a claim compares its ow
   return string.format('%017.0f', us)
 end
 
--- The tag of a job of tenant joining its line at priority code pq now (start-time fair
--- queueing, as backends/admission.py FairClocks.tag): max(the tenant's last tag at pq, pq's
--- clock) + the job's cost. Tags are integers; a double holds them exactly below 2^53, and
--- their code (19 digits) keeps them in order up to 10^19.
-local function fair_tag(tenant, pq, cost)
-  local last = pq .. ':' .. tenant
-  local f = redis.call('HMGET', FAIR, pq, last)
-  local tag = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + tonumber(cost)
-  redis.call('HSET', FAIR, last, string.format('%.0f', tag))
+-- The clock a queue (a type's, at priority code pq) opens with at its first tagged job: the
+-- largest clock of any type at pq, so a new type starts level with the others, not ahead.
+local function open_clock(pq)
+  local top = 0
+  for _, ty in ipairs(redis.call('SMEMBERS', P .. 'types')) do
+    local clock = tonumber(redis.call('HGET', fkey(ty), pq))
+    if clock and clock > top then top = clock end
+  end
+  return top
+end
+
+-- The tag of a job of tenant joining its line in type ty's queue at priority code pq now
+-- (start-time fair queueing, as backends/admission.py FairClocks.tag): max(the tenant's last
+-- tag in that queue, the queue's clock) + the job's cost (a number). Each queue has a clock of
+-- its own, moved only by claims from it. Tags are integers; a double holds them exactly below
+-- 2^53, and their code (19 digits) keeps them in order up to 10^19.
+local function fair_tag(tenant, ty, pq, cost)
+  local key, last = fkey(ty), pq .. ':' .. tenant
+  local f = redis.call('HMGET', key, pq, last)
+  local clock = tonumber(f[1])
+  if clock then
+    local tag = math.max(clock, tonumber(f[2]) or 0) + cost
+    redis.call('HSET', key, last, string.format('%.0f', tag))
+    return tag
+  end
+  clock = open_clock(pq)
+  local tag = math.max(clock, tonumber(f[2]) or 0) + cost
+  redis.call('HSET', key, pq, string.format('%.0f', clock), last, string.format('%.0f', tag))
   return tag
+end
+
+-- A string held as JSON text (a hash field), or nil when absent or not a JSON string.
+local function json_string(text)
+  if not text then return nil end
+  local ok, value = pcall(cjson.decode, text)
+  if ok and type(value) == 'string' then return value end
+  return nil
+end
+
+-- The parent id of a job (its hash's parent_id field, JSON text), or nil for none.
+local function parent_of(text)
+  local parent = json_string(text)
+  if parent == '' then return nil end
+  return parent
+end
+
+-- What a script that puts a job in a queue (or takes it out) needs from the job's hash, read
+-- and checked before the script's first write, so that no missing or garbled field can fail
+-- it half-way (a job queued in no queue, a count off by one). Missing fields get the values
+-- every other script assumes: seq from the job's i:all entry, priority and its code from each
+-- other (else 0), tenant 'default' (whose job the store upgrade makes it), fair cost
+-- FAIR_SCALE. Takes the hash's _ty, _sq, priority, _pq, tenant, _fc (text or nil); returns
+-- type, seq code (12 digits), seq, priority (text), priority code, tenant, cost (a number),
+-- or nil if the job has no type: the caller refuses before writing.
+local function job_line(id, ty, sq, priority, pq, tenant, cost)
+  if not ty then return nil end
+  local seq = tonumber(sq)
+  if not seq then
+    seq = tonumber(redis.call('ZSCORE', P .. 'i:all', id)) or 0
+    sq = string.format('%012d', seq)
+  end
+  local code = tonumber(pq)
+  if not code or #pq ~= 3 then
+    priority = tonumber(priority) and priority or '0'
+    pq = string.format('%03d', 100 - tonumber(priority))
+  elseif not tonumber(priority) then
+    priority = string.format('%d', 100 - code)
+  end
+  cost = tonumber(cost)
+  if not cost or cost <= 0 then cost = FAIR_SCALE end
+  return ty, sq, seq, priority, pq, json_string(tenant) or DEFAULT_TENANT, cost
+end
+
+-- How long a finished job is kept (ttl_s): its hash's _ttl, else its spec's, else a day (the
+-- default of NewJob.ttl_s).
+local function job_ttl(id, ttl)
+  ttl = tonumber(ttl)
+  if ttl then return ttl end
+  local spec = redis.call('GET', skey(id)) or ''
+  return tonumber(string.match(spec, '"ttl_s":([-+.%deE]+)')) or 86400
 end
 
 -- The member of a job in its type's ready queue: made again from the job's hash (_pq, _tg,
@@ -128,9 +207,23 @@ local function enqueue_delayed(id, ty, sq, run_at)
   redis.call('PUBLISH', WAKE, ty)
 end
 
--- One job of tenant fewer in flight (it became terminal); a tenant with none has no field.
-local function leave_flight(tenant)
-  if redis.call('HINCRBY', INFLIGHT, tenant, -1) <= 0 then
+-- One job of tenant more in flight (enqueued, replayed), and one more open child of its
+-- parent (the job's parent id, or nil).
+local function join_flight(tenant, parent)
+  if parent then
+    redis.call('HINCRBY', OPEN, parent, 1)
+  else
+    redis.call('HINCRBY', INFLIGHT, tenant, 1)
+  end
+end
+
+-- One job of tenant fewer in flight (it became terminal), or for a child one open child fewer
+-- of its parent: a pipeline's children are its own work, not submissions of its tenant, so
+-- they count in {bb}:open, not in the tenant's quota. A tenant or parent with none has no field.
+local function leave_flight(tenant, parent)
+  if parent then
+    if redis.call('HINCRBY', OPEN, parent, -1) <= 0 then redis.call('HDEL', OPEN, parent) end
+  elseif redis.call('HINCRBY', INFLIGHT, tenant, -1) <= 0 then
     redis.call('HDEL', INFLIGHT, tenant)
   end
 end
@@ -233,7 +326,7 @@ local function make_terminal(id, ik, expires, now)
   return ttl
 end
 
-local FORGET_FIELDS = {'_ty', 'status', '_ik', 'worker_id', 'tenant'}
+local FORGET_FIELDS = {'_ty', 'status', '_ik', 'worker_id', 'tenant', 'parent_id'}
 local function forget(id, fields)
   -- fields: HMGET of FORGET_FIELDS
   local ty, status, ik = fields[1], fields[2], fields[3]
@@ -250,8 +343,11 @@ local function forget(id, fields)
   if ik and ik ~= '' and redis.call('GET', P .. 'k:' .. ik) == id then
     redis.call('DEL', P .. 'k:' .. ik)
   end
-  if fields[4] then redis.call('HDEL', P .. 'c:' .. cjson.decode(fields[4]), id) end
-  if fields[5] then redis.call('ZREM', nkey(cjson.decode(fields[5])), id) end
+  local worker = json_string(fields[4])
+  if worker then redis.call('HDEL', P .. 'c:' .. worker, id) end
+  redis.call('ZREM', nkey(json_string(fields[5]) or DEFAULT_TENANT), id)
+  local parent = parent_of(fields[6])
+  if parent then redis.call('ZREM', pkey(parent), id) end
 end
 
 -- Concurrency slots: a sorted set of holder -> lease end. The key's PEXPIRE follows the

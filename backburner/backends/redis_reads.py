@@ -1,0 +1,140 @@
+"""Reads of the Redis backend (a mixin of ``RedisBackend``): a job, a listing page, a job's
+events, the queue's stats and a tenant's count of jobs in flight.
+
+A job is read by ``read_jobs``, which joins its hash and spec into one JSON document per job
+(``read_job`` in redis_lua/prelude.lua). A listing walks one of the indexes, sorted sets scored
+by enqueue order (``i:all``, ``i:s:<status>``, ``i:t:<type>``, ``i:st:<status>:<type>``,
+``i:n:<tenant>``, ``i:p:<parent id>``: docs/redis.md, "Keys"), newest first; there is no index
+per tenant or parent and status or type, so a listing by several of them is one script
+(``list_jobs``) that walks the smallest of their indexes and keeps the ids all the others hold
+(a parent's index is bounded by its pipeline, so a listing by parent never walks far).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..models import Event, Job, JobStatus
+from .base import Page, Stats, WorkerInfo, parse_cursor
+from .redis_codec import decode_events, decode_job, decode_jobs
+
+READ_SCRIPTS = ("read_jobs", "list_jobs", "read_events", "read_heads", "stats")
+"""The scripts of this module (and ``read_heads``, for waiting on events): they change nothing,
+so they are safe to send again."""
+
+_LIST_SCAN_BUDGET = 10_000
+"""Index entries one page of a listing by tenant and status or type may look at; a page that
+runs out of them is shorter than asked, with a cursor to go on from."""
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisReads:
+    """``get``, ``list_jobs``, ``events``, ``stats``, ``tenant_in_flight`` and
+    ``has_open_children``."""
+
+    _p: str
+
+    if TYPE_CHECKING:
+
+        async def _run(self, name: str, *args: str | int | float) -> Any: ...
+
+        async def _read(self, *command: str | int | float) -> Any: ...
+
+    async def get(self, task_id: str) -> Job | None:
+        rows = await self._run("read_jobs", task_id)
+        return decode_job(rows[0]) if rows[0] else None
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        type: str | None = None,
+        tenant: str | None = None,
+        parent_id: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        below = parse_cursor(cursor)
+        if limit <= 0:
+            return Page([], None)
+        if status is not None and type is not None:
+            index = f"i:st:{status}:{type}"
+        elif status is not None:
+            index = f"i:s:{status}"
+        elif type is not None:
+            index = f"i:t:{type}"
+        else:
+            index = "i:all"
+        top = "+inf" if below is None else f"({below}"
+        indexes = [index] if index != "i:all" else []
+        if tenant is not None:
+            indexes.append(f"i:n:{tenant}")
+        if parent_id is not None:
+            indexes.append(f"i:p:{parent_id}")
+        if len(indexes) > 1:
+            # No index per tenant or parent and status or type: walk the smallest of them.
+            found = await self._run("list_jobs", top, limit, _LIST_SCAN_BUDGET, *indexes)
+            return Page(decode_jobs(found[1:]), text(found[0]) or None)
+        if indexes:
+            index = indexes[0]
+        found = await self._read(
+            "ZREVRANGEBYSCORE",
+            self._p + index,
+            top,
+            "-inf",
+            "WITHSCORES",
+            "LIMIT",
+            0,
+            limit + 1,
+        )
+        ids = [text(found[i]) for i in range(0, len(found), 2)]
+        seqs = [int(float(found[i])) for i in range(1, len(found), 2)]
+        more = len(ids) > limit
+        ids, seqs = ids[:limit], seqs[:limit]
+        rows = await self._run("read_jobs", *ids) if ids else []
+        return Page(decode_jobs(rows), str(seqs[-1]) if more and seqs else None)
+
+    async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
+        if limit <= 0:
+            return []
+        entries = await self._run("read_events", task_id, max(after, 0), limit)
+        return decode_events(task_id, entries)
+
+    async def tenant_in_flight(self, tenant: str) -> int:
+        return int(await self._read("HGET", self._p + "inflight", tenant) or 0)
+
+    async def has_open_children(self, parent_id: str) -> bool:
+        # {bb}:open counts each parent's children queued or processing; none: no field.
+        return bool(await self._read("HEXISTS", self._p + "open", parent_id))
+
+    async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
+        statuses = list(JobStatus)
+        counts, by_priority, workers = await self._run("stats", *statuses)
+        count_of = {status: int(n) for status, n in zip(statuses, counts, strict=True)}
+        queued = {
+            int(by_priority[i]): int(by_priority[i + 1])
+            for i in range(0, len(by_priority), 2)
+            if int(by_priority[i + 1]) > 0
+        }
+        seen: list[WorkerInfo] = []
+        for i in range(0, len(workers), 2):
+            started, last_seen, running = text(workers[i + 1]).split(" ")
+            if float(last_seen) >= now - worker_window_s:
+                seen.append(
+                    WorkerInfo(
+                        worker_id=text(workers[i]),
+                        last_seen=float(last_seen),
+                        running=int(running),
+                        started_at=float(started),
+                    )
+                )
+        seen.sort(key=lambda w: w.worker_id)
+        return Stats(
+            count_of,
+            dict(sorted(queued.items(), reverse=True)),
+            count_of[JobStatus.FAILED],
+            seen,
+        )

@@ -1,0 +1,99 @@
+"""Durable multi-step pipelines: checkpointed steps and child jobs (docs/pipelines.md)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..hooks import Hooks
+from ..models import Job, JobStatus
+from .context import PIPELINE_EVENTS, PipelineContext, StepRetry
+
+if TYPE_CHECKING:
+    from ..app import Backburner
+    from ..context import JobContext
+
+__all__ = [
+    "ParentWaker",
+    "PipelineContext",
+    "StepRetry",
+    "cancel_children",
+    "pipeline_handler",
+    "run_pipeline",
+]
+
+
+async def _recorded(ctx: JobContext) -> list[tuple[str, Any]]:
+    """The pipeline's ``step`` and ``spawned`` events so far, in order: (kind, (name, value))."""
+    found: list[tuple[str, Any]] = []
+    after = 0
+    while True:
+        events = await ctx.backend.events(ctx.job_id, after=after, limit=1000)
+        for event in events:
+            if event.type in PIPELINE_EVENTS and isinstance(event.data, dict):
+                value = event.data.get("result" if event.type == "step" else "children")
+                found.append((event.type, (event.data.get("name"), value)))
+        if len(events) < 1000:
+            return found
+        after = events[-1].seq
+
+
+async def run_pipeline(
+    app: Backburner,
+    fn: Callable[..., Awaitable[Any]],
+    ctx: JobContext,
+    kwargs: dict[str, Any],
+) -> Any:
+    """One run of a pipeline: load what earlier runs stored, then run its code from the top."""
+    pctx = PipelineContext(ctx, app, await _recorded(ctx))
+    return await fn(pctx, **kwargs)
+
+
+def pipeline_handler(
+    app: Backburner, fn: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """The task handler that runs ``fn`` as a pipeline (its signature is ``fn``'s)."""
+
+    @functools.wraps(fn)
+    async def run(ctx: JobContext, **kwargs: Any) -> Any:
+        return await run_pipeline(app, fn, ctx, kwargs)
+
+    return run
+
+
+async def cancel_children(app: Backburner, parent_id: str) -> None:
+    """Cancel every child of a cancelled job that is still queued or running (and theirs)."""
+    open_statuses = (JobStatus.QUEUED, JobStatus.PROCESSING)
+    for status in open_statuses:
+        while True:
+            page = await app.backend.list_jobs(parent_id=parent_id, status=status, limit=500)
+            if not page.jobs:
+                break
+            for child in page.jobs:
+                await app.cancel(child.task_id)
+
+
+class ParentWaker(Hooks):
+    """When a child job ends and its parent has no other child queued or running, the parent
+    is due at once (it parked until then, or until its next poll)."""
+
+    def __init__(self, app: Backburner) -> None:
+        self.app = app
+
+    async def _ended(self, job: Job) -> None:
+        parent = job.parent_id
+        if parent is None:
+            return
+        backend = self.app.backend
+        if not await backend.has_open_children(parent):
+            await backend.wake(parent, now=self.app.clock.now())
+
+    async def on_complete(self, job: Job) -> None:
+        await self._ended(job)
+
+    async def on_fail(self, job: Job) -> None:
+        await self._ended(job)
+
+    async def on_cancel(self, job: Job) -> None:
+        await self._ended(job)

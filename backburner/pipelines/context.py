@@ -1,0 +1,323 @@
+"""What a pipeline's code sees: ``ctx.step``, ``ctx.map`` and ``ctx.spawn`` (docs/pipelines.md).
+
+A pipeline runs again from the top after a crash, a lost lease, a retry, or whenever it waited
+for children. Each completed step's result is in the job's event log (a ``step`` event), so on
+every later run the step returns that result without running again. Children are ordinary
+jobs with ``parent_id``; while some are unfinished the pipeline parks (``Suspend``): its worker
+slot is free, and the last child to end wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    ChildFailedError,
+    InvalidInputError,
+    PermanentError,
+    PipelineDefinitionError,
+    Suspend,
+)
+from ..jsoncodec import round_trip
+from ..models import Job, JobStatus
+
+if TYPE_CHECKING:
+    from ..app import Backburner
+    from ..context import JobContext
+
+STEP_EVENT = "step"
+"""``{"name", "result"}``: a step's stored result (a map's: its children's results)."""
+SPAWN_EVENT = "spawned"
+"""``{"name", "children"}``: the ids of the children a map or spawn enqueued."""
+CHILDREN_EVENT = "children"
+"""``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
+PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
+_SPAWN_CHUNK = 100
+
+
+class StepRetry:
+    """How a step retries its own failures before failing the pipeline's attempt."""
+
+    def __init__(self, attempts: int = 1, *, backoff_s: float = 0.5, cap_s: float = 10.0) -> None:
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise InvalidInputError(f"step attempts must be an integer >= 1, got {attempts!r}")
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.cap_s = cap_s
+
+
+class PipelineContext:
+    """``ctx`` of a pipeline: a JobContext (progress, emit, llm, ...) plus durable steps."""
+
+    def __init__(self, ctx: JobContext, app: Backburner, recorded: list[tuple[str, Any]]) -> None:
+        self._ctx = ctx
+        self._app = app
+        self._results: dict[str, Any] = {}
+        self._spawned: dict[str, list[str]] = {}
+        for kind, data in recorded:
+            name, value = data
+            if kind == STEP_EVENT:
+                self._results[name] = value
+            else:
+                self._spawned[name] = value
+        self._order = [data[0] for kind, data in recorded if kind == STEP_EVENT]
+        """Step names in the order earlier runs completed them (a map's when it ended)."""
+        self._seen: list[str] = []
+
+    # -- what JobContext offers -----------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    @property
+    def job(self) -> Job:
+        return self._ctx.job
+
+    @property
+    def job_id(self) -> str:
+        return self._ctx.job_id
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _begin(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise PipelineDefinitionError("a step name must be a non-empty string")
+        if name in self._seen:
+            raise PipelineDefinitionError(
+                f"step name {name!r} is used twice in one run; step names must be unique"
+            )
+        index = len(self._seen)
+        self._seen.append(name)
+        if name not in self._results and name not in self._spawned and index < len(self._order):
+            raise PipelineDefinitionError(
+                f"step {index + 1} is {name!r} in this run but was {self._order[index]!r} before:"
+                " a pipeline must call its steps in the same order every run (make step names"
+                " and the code that chooses them deterministic)"
+            )
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: StepRetry | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` (async or not) once per job: its result is stored, and
+        every later run of the pipeline gets the stored result without running it."""
+        self._begin(name)
+        if name in self._results:
+            return self._results[name]
+        policy = retry or StepRetry()
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+                break
+            except (PermanentError, Suspend):
+                raise
+            except Exception:
+                if attempt == policy.attempts:
+                    raise
+                await asyncio.sleep(min(policy.cap_s, policy.backoff_s * 2 ** (attempt - 1)))
+        result = round_trip(value, f"the result of step {name!r}")
+        await self._ctx.backend.append_event(
+            self.job_id,
+            self._ctx.fence,
+            STEP_EVENT,
+            {"name": name, "result": result},
+            now=self._ctx.clock.now(),
+        )
+        self._results[name] = result
+        return result
+
+    # -- children ----------------------------------------------------------------------------
+
+    async def spawn(
+        self,
+        name: str,
+        task: str | Callable[..., Awaitable[Any]],
+        input: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Any:
+        """Run one child job of ``task`` with ``input`` and return its result (waiting for it
+        without holding a worker). Options as for enqueue (priority, max_attempts, timeout,
+        ...)."""
+        (result,) = await self._children(name, task, [input or {}], None, options, partial=False)
+        return result
+
+    async def map(
+        self,
+        name: str,
+        task: str | Callable[..., Awaitable[Any]],
+        items: Sequence[Any],
+        *,
+        partial: bool = False,
+        metadata: Sequence[dict[str, Any]] | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """One child job of ``task`` per item, run in parallel by any workers; their results,
+        in item order. An item is the task's one parameter, or a dict of its parameters.
+        ``metadata``: one dict per item, stored on its child. Other options as for enqueue
+        (priority, max_attempts, timeout, ...).
+
+        A child that fails for good fails the pipeline with ChildFailedError naming it; with
+        ``partial=True`` its result is None instead."""
+        definition = self._app.tasks.get(_task_name(task))
+        inputs = [_child_input(definition, item) for item in items]
+        if metadata is not None and len(metadata) != len(inputs):
+            raise InvalidInputError("map needs one metadata dict per item")
+        extra = None if metadata is None else list(metadata)
+        return await self._children(name, task, inputs, extra, options, partial=partial)
+
+    async def _children(
+        self,
+        name: str,
+        task: str | Callable[..., Awaitable[Any]],
+        inputs: list[dict[str, Any]],
+        metadata: list[dict[str, Any]] | None,
+        options: dict[str, Any],
+        *,
+        partial: bool,
+    ) -> list[Any]:
+        self._begin(name)
+        if name in self._results:
+            return list(self._results[name])
+        ids = self._spawned.get(name)
+        if ids is None:
+            ids = await self._enqueue(name, _task_name(task), inputs, metadata, options)
+        children = await self._read(ids)
+        counts = {s.value: 0 for s in JobStatus}
+        for child in children:
+            counts[child.status.value] += 1
+        open_ = counts["queued"] + counts["processing"]
+        done = len(children) - open_
+        if open_:
+            await self._ctx.emit(CHILDREN_EVENT, {"name": name, "total": len(ids), **counts})
+            await self._ctx.progress(
+                round(100.0 * done / max(1, len(ids)), 2),
+                f"{name}: {done}/{len(ids)} children done",
+            )
+            raise Suspend(
+                f"waiting for {open_} children of {name!r}",
+                after=self._app.settings.pipeline_poll_s,
+            )
+        if self._ctx.job.progress.message is not None:  # it reported waiting: say it's over
+            await self._ctx.progress(100.0, f"{name}: {len(ids)}/{len(ids)} children done")
+        results: list[Any] = []
+        for index, child in enumerate(children):
+            if child.status == JobStatus.COMPLETED:
+                results.append(child.result)
+                continue
+            if not partial:
+                reason = child.error.message if child.error is not None else child.status.value
+                raise ChildFailedError(
+                    f"child {child.task_id} ({name}[{index}], task {child.type!r})"
+                    f" {child.status.value}: {reason}",
+                    child_id=child.task_id,
+                    step=name,
+                )
+            results.append(None)
+        await self._ctx.backend.append_event(
+            self.job_id,
+            self._ctx.fence,
+            STEP_EVENT,
+            {"name": name, "result": results},
+            now=self._ctx.clock.now(),
+        )
+        self._results[name] = results
+        return results
+
+    async def _enqueue(
+        self,
+        name: str,
+        task: str,
+        inputs: list[dict[str, Any]],
+        metadata: list[dict[str, Any]] | None,
+        options: dict[str, Any],
+    ) -> list[str]:
+        parent = self._ctx.job
+        ids: list[str] = []
+        for start in range(0, len(inputs), _SPAWN_CHUNK):
+
+            async def one(index: int) -> str:
+                job, _ = await self._app.submit(
+                    task,
+                    inputs[index],
+                    parent_id=parent.task_id,
+                    tenant=parent.tenant,
+                    limits=False,  # the pipeline was admitted; its children are its work
+                    idempotency_key=f"{parent.task_id}/{name}/{index}",
+                    metadata=None if metadata is None else metadata[index],
+                    **options,
+                )
+                return job.task_id
+
+            chunk = range(start, min(start + _SPAWN_CHUNK, len(inputs)))
+            ids.extend(await asyncio.gather(*(one(i) for i in chunk)))
+        now = await self._app.backend.get(parent.task_id)
+        if now is not None and now.status == JobStatus.CANCELLED:
+            # Cancelled while it spawned: the cancel's sweep of children may have run before
+            # these existed.
+            from . import cancel_children
+
+            await cancel_children(self._app, parent.task_id)
+        await self._ctx.backend.append_event(
+            self.job_id,
+            self._ctx.fence,
+            SPAWN_EVENT,
+            {"name": name, "children": ids},
+            now=self._ctx.clock.now(),
+        )
+        self._spawned[name] = ids
+        return ids
+
+    async def _read(self, ids: list[str]) -> list[Job]:
+        found: dict[str, Job] = {}
+        cursor: str | None = None
+        while True:
+            page = await self._app.backend.list_jobs(
+                parent_id=self.job_id, limit=1000, cursor=cursor
+            )
+            found.update((job.task_id, job) for job in page.jobs)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        missing = [i for i in ids if i not in found]
+        if missing:  # expired (past their TTL) or deleted by hand: not coming back
+            raise ChildFailedError(
+                f"child {missing[0]} is gone (expired or deleted) before the pipeline read it",
+                child_id=missing[0],
+                step="",
+            )
+        return [found[i] for i in ids]
+
+
+def _task_name(task: str | Callable[..., Any]) -> str:
+    if isinstance(task, str):
+        return task
+    name = getattr(task, "__backburner_task__", None) or getattr(task, "__name__", None)
+    if not isinstance(name, str):
+        raise PipelineDefinitionError(f"{task!r} is not a registered task")
+    return name
+
+
+def _child_input(definition: Any, item: Any) -> dict[str, Any]:
+    if definition is None:
+        if isinstance(item, dict):
+            return item
+        raise InvalidInputError(
+            "an item of map must be a dict when the task is not registered here"
+        )
+    params = [p for p in list(definition.signature.parameters.values())[1:]]
+    if len(params) == 1 and not (isinstance(item, dict) and set(item) <= {params[0].name}):
+        return {params[0].name: item}
+    if isinstance(item, dict):
+        return item
+    raise InvalidInputError(
+        f"task {definition.name!r} takes {len(params)} parameters: give each item as a dict of them"
+    )

@@ -1,0 +1,199 @@
+"""Pipelines on every backend, in one process: steps stored once, children without a worker
+slot, the parent's progress, cancel and failure going both ways, rules of step names."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backburner import Backburner, JobContext
+from backburner.errors import PermanentError
+from backburner.models import JobStatus
+
+from ..conftest import BACKENDS, drop_redis_keys, make_backend
+from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
+
+
+@pytest.fixture(params=BACKENDS)
+async def bb(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backburner]:
+    engine = make_backend(str(request.param), tmp_path)
+    app = Backburner(engine, settings=WORKER_TEST_SETTINGS.replace(pipeline_poll_s=0.5))
+    try:
+        yield app
+    finally:
+        await app.close()
+        await drop_redis_keys(engine)
+
+
+async def test_a_failed_run_resumes_and_completed_steps_do_not_run_again(bb: Backburner) -> None:
+    runs: Counter[str] = Counter()
+    broken = {"step3": 1}
+
+    async def plan(question: str) -> dict[str, Any]:
+        runs["plan"] += 1
+        return {"queries": [question, question.upper()]}
+
+    def search(plan: dict[str, Any]) -> list[str]:  # a plain function works as a step too
+        runs["search"] += 1
+        return [f"found {q}" for q in plan["queries"]]
+
+    async def summarize(found: list[str]) -> str:
+        runs["summarize"] += 1
+        if broken["step3"]:
+            broken["step3"] -= 1
+            raise RuntimeError("the model fell over")
+        return "; ".join(found)
+
+    @bb.pipeline(max_attempts=3)
+    async def research(ctx: Any, question: str) -> dict[str, Any]:
+        p = await ctx.step("plan", plan, question)
+        found = await ctx.step("search", search, p)
+        notes = await ctx.step("summarize", summarize, found)
+        answer = await ctx.step("answer", lambda: f"answer from {notes}")
+        return {"answer": answer}
+
+    async with bb, running_worker(bb, concurrency=1):
+        job = await bb.enqueue("research", {"question": "why"})
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == {"answer": "answer from found why; found WHY"}
+    assert done.attempts == 2
+    assert runs == Counter(plan=1, search=1, summarize=2)
+    steps = [e.data["name"] for e in await bb.events(job.task_id) if e.type == "step"]
+    assert steps == ["plan", "search", "summarize", "answer"]
+
+
+async def test_a_thousand_children_complete_on_one_worker_slot(bb: Backburner) -> None:
+    @bb.task
+    async def square(ctx: JobContext, n: int) -> int:
+        return n * n
+
+    @bb.pipeline
+    async def fan_out(ctx: Any, count: int) -> int:
+        squares = await ctx.map("squares", square, list(range(count)))
+        return int(sum(squares))
+
+    async with bb, running_worker(bb, concurrency=1):
+        job = await bb.enqueue("fan_out", {"count": 1000})
+        done = await bb.wait(job.task_id, timeout=120)
+        children = await bb.list(parent_id=job.task_id, limit=1000)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == sum(n * n for n in range(1000))
+    assert len(children.jobs) == 1000 and children.next_cursor is None
+    assert {c.status for c in children.jobs} == {JobStatus.COMPLETED}
+    assert {c.parent_id for c in children.jobs} == {job.task_id}
+    assert done.attempts == 1  # parking for children charges no attempt
+
+
+async def test_the_parent_reports_its_childrens_progress(bb: Backburner) -> None:
+    gate = asyncio.Event()
+
+    @bb.task
+    async def slow(ctx: JobContext, n: int) -> int:
+        if n >= 2:
+            await gate.wait()
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        return list(await ctx.map("work", slow, [0, 1, 2, 3]))
+
+    async with bb, running_worker(bb, concurrency=10):
+        job = await bb.enqueue("parent")
+
+        async def half_done() -> bool:
+            seen = await bb.get(job.task_id)
+            return seen.progress.percent == 50.0
+
+        await eventually(half_done, message="parent at 50%")
+        parked = await bb.get(job.task_id)
+        assert (
+            parked.status == JobStatus.QUEUED
+            and parked.progress.message == "work: 2/4 children done"
+        )
+        gate.set()
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.result == [0, 1, 2, 3]
+    kinds = [e.type for e in await bb.events(job.task_id)]
+    assert "spawned" in kinds and "children" in kinds and kinds.count("step") == 1
+
+
+async def test_a_child_that_fails_for_good_fails_the_parent_naming_it(bb: Backburner) -> None:
+    @bb.task(max_attempts=1)
+    async def flaky(ctx: JobContext, n: int) -> int:
+        if n == 2:
+            raise PermanentError("bad source")
+        return n
+
+    @bb.pipeline
+    async def strict(ctx: Any) -> list[int]:
+        return list(await ctx.map("fetch", flaky, [0, 1, 2]))
+
+    @bb.pipeline
+    async def lenient(ctx: Any) -> list[int | None]:
+        return list(await ctx.map("fetch", flaky, [0, 1, 2], partial=True))
+
+    async with bb, running_worker(bb, concurrency=5):
+        failed = await bb.wait((await bb.enqueue("strict")).task_id, timeout=30)
+        partial = await bb.wait((await bb.enqueue("lenient")).task_id, timeout=30)
+    assert failed.status == JobStatus.FAILED and failed.error is not None
+    assert failed.error.type == "ChildFailedError" and failed.attempts == 1
+    children = (await bb.list(parent_id=failed.task_id)).jobs
+    (bad,) = [c for c in children if c.status == JobStatus.FAILED]
+    assert bad.task_id in failed.error.message and "fetch[2]" in failed.error.message
+    assert "bad source" in failed.error.message
+    assert partial.status == JobStatus.COMPLETED and partial.result == [0, 1, None]
+
+
+async def test_cancelling_the_parent_cancels_queued_and_running_children(
+    bb: Backburner,
+) -> None:
+    started: set[int] = set()
+
+    @bb.task
+    async def long(ctx: JobContext, n: int) -> None:
+        started.add(n)
+        await asyncio.sleep(60)
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> None:
+        await ctx.map("long", long, list(range(6)))
+
+    async with bb, running_worker(bb, concurrency=3):
+        job = await bb.enqueue("parent")
+        await eventually(lambda: len(started) >= 2, message="children running")
+        await bb.cancel(job.task_id)
+        children = (await bb.list(parent_id=job.task_id)).jobs
+        assert len(children) == 6
+        assert {c.status for c in children} == {JobStatus.CANCELLED}
+    assert (await bb.get(job.task_id)).status == JobStatus.CANCELLED
+
+
+async def test_a_step_name_used_twice_or_out_of_order_is_a_clear_error(bb: Backburner) -> None:
+    first_run = {"yes": True}
+
+    @bb.pipeline
+    async def twice(ctx: Any) -> None:
+        await ctx.step("same", lambda: 1)
+        await ctx.step("same", lambda: 2)
+
+    @bb.pipeline(max_attempts=2)
+    async def wandering(ctx: Any) -> None:
+        name = "a" if first_run.get("yes") else "b"
+        await ctx.step(name, lambda: 1)
+        if first_run.pop("yes", False):
+            raise RuntimeError("crash after the first step")
+        await ctx.step("c", lambda: 1)
+
+    async with bb, running_worker(bb, concurrency=2):
+        dup = await bb.wait((await bb.enqueue("twice")).task_id, timeout=30)
+        moved = await bb.wait((await bb.enqueue("wandering")).task_id, timeout=30)
+    assert dup.status == JobStatus.FAILED and dup.error is not None
+    assert dup.error.type == "PipelineDefinitionError" and "used twice" in dup.error.message
+    assert moved.status == JobStatus.FAILED and moved.error is not None
+    assert "'b' in this run but was 'a' before" in moved.error.message
