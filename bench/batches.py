@@ -33,7 +33,6 @@ from pathlib import Path
 import httpx
 import report  # bench/report.py, beside this file
 from http_api import service  # bench/http_api.py: the API and worker processes
-from report import summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNT = 10_000
@@ -156,17 +155,13 @@ async def scenario_separate(url: str, api: subprocess.Popen[bytes]) -> dict[str,
 SCENARIOS = {"batch": scenario_batch, "separate": scenario_separate}
 
 
+def run_one(name: str) -> dict[str, float]:
+    with report.backend_url("batches") as backend, service(backend, worker=True) as (url, api):
+        return asyncio.run(SCENARIOS[name](url, api))
+
+
 def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
-    samples: dict[str, list[float]] = {}
-    for name in names:
-        for _ in range(runs):
-            with (
-                report.backend_url("batches") as backend,
-                service(backend, worker=True) as (url, api),
-            ):
-                for key, value in asyncio.run(SCENARIOS[name](url, api)).items():
-                    samples.setdefault(key, []).append(value)
-    return summarise(samples)
+    return report.collect(names, runs, run_one)
 
 
 def main() -> None:

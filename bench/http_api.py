@@ -35,7 +35,6 @@ from pathlib import Path
 
 import httpx
 import report  # bench/report.py, beside this file
-from report import summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "bench.httpapp:bb"
@@ -244,18 +243,14 @@ SCENARIOS = {
 }
 
 
+def run_one(name: str) -> dict[str, float]:
+    scenario, needs_worker = SCENARIOS[name]
+    with report.backend_url("http") as backend, service(backend, worker=needs_worker) as (url, api):
+        return asyncio.run(scenario(url, api))
+
+
 def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
-    samples: dict[str, list[float]] = {}
-    for name in names:
-        scenario, needs_worker = SCENARIOS[name]
-        for _ in range(runs):
-            with (
-                report.backend_url("http") as backend,
-                service(backend, worker=needs_worker) as (url, api),
-            ):
-                for key, value in asyncio.run(scenario(url, api)).items():
-                    samples.setdefault(key, []).append(value)
-    return summarise(samples)
+    return report.collect(names, runs, run_one)
 
 
 def main() -> None:

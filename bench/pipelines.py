@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import report  # noqa: E402  (bench/report.py, beside this file)
-from report import summarise  # noqa: E402
 
 from backburner import Backburner, JobContext, Retry, Settings  # noqa: E402
 from backburner.models import Job, JobStatus  # noqa: E402
@@ -167,12 +166,7 @@ def run_one(name: str) -> dict[str, float]:
 
 
 def run_all(names: list[str], runs: int) -> dict[str, dict[str, float]]:
-    samples: dict[str, list[float]] = {}
-    for name in names:
-        for _ in range(runs):
-            for key, value in run_one(name).items():
-                samples.setdefault(key, []).append(value)
-    return summarise(samples)
+    return report.collect(names, runs, run_one)
 
 
 def main() -> None:

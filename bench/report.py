@@ -68,6 +68,17 @@ def summarise(samples: dict[str, list[float]]) -> Results:
     }
 
 
+def collect(names: Sequence[str], runs: int, run_one: Callable[[str], dict[str, float]]) -> Results:
+    """Run each scenario ``runs`` times (``run_one(name)`` gives one run's figures) and
+    summarise every figure over its runs."""
+    samples: dict[str, list[float]] = {}
+    for name in names:
+        for _ in range(runs):
+            for key, value in run_one(name).items():
+                samples.setdefault(key, []).append(value)
+    return summarise(samples)
+
+
 def main(
     description: str,
     scenarios: Sequence[str],
