@@ -6,6 +6,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import PipelineDefinitionError
 from ..hooks import Hooks
 from ..models import Job, JobStatus
 from .context import PIPELINE_EVENTS, PipelineContext, StepRetry
@@ -47,7 +48,13 @@ async def run_pipeline(
 ) -> Any:
     """One run of a pipeline: load what earlier runs stored, then run its code from the top."""
     pctx = PipelineContext(ctx, app, await _recorded(ctx))
-    return await fn(pctx, **kwargs)
+    result = await fn(pctx, **kwargs)
+    if pctx.parked is not None:  # the Suspend was caught: the result was made without it
+        raise PipelineDefinitionError(
+            f"the pipeline returned after this run parked ({pctx.parked}): an except clause"
+            " caught the wait of ctx.map or ctx.spawn (Suspend); let it propagate"
+        )
+    return result
 
 
 def pipeline_handler(
@@ -76,7 +83,9 @@ async def cancel_children(app: Backburner, parent_id: str) -> None:
 
 class ParentWaker(Hooks):
     """When a child job ends and its parent has no other child queued or running, the parent
-    is due at once (it parked until then, or until its next poll)."""
+    is due at once (it parked until then, or until its next poll). A child that starts after
+    its parent ended is cancelled (the parent's cancel may have run before it existed), and a
+    parent that fails takes its open children with it."""
 
     def __init__(self, app: Backburner) -> None:
         self.app = app
@@ -89,11 +98,19 @@ class ParentWaker(Hooks):
         if not await backend.has_open_children(parent):
             await backend.wake(parent, now=self.app.clock.now())
 
+    async def on_start(self, job: Job) -> None:
+        if job.parent_id is None:
+            return
+        parent = await self.app.backend.get(job.parent_id)
+        if parent is None or parent.is_terminal:
+            await self.app.cancel(job.task_id)
+
     async def on_complete(self, job: Job) -> None:
         await self._ended(job)
 
     async def on_fail(self, job: Job) -> None:
         await self._ended(job)
+        await cancel_children(self.app, job.task_id)
 
     async def on_cancel(self, job: Job) -> None:
         await self._ended(job)

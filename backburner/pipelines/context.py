@@ -63,9 +63,15 @@ class PipelineContext:
                 self._results[name] = value
             else:
                 self._spawned[name] = value
-        self._order = [data[0] for kind, data in recorded if kind == STEP_EVENT]
-        """Step names in the order earlier runs completed them (a map's when it ended)."""
+        self._order: list[str] = []
+        """Step names in the order earlier runs began them (a step's when it ended, a map's
+        when it spawned its children)."""
+        for _, (name, _) in recorded:
+            if name not in self._order:
+                self._order.append(name)
         self._seen: list[str] = []
+        self.parked: str | None = None
+        """Why this run parked (a map's children still run); nothing may follow it."""
 
     # -- what JobContext offers -----------------------------------------------------------
 
@@ -83,6 +89,11 @@ class PipelineContext:
     # -- steps -------------------------------------------------------------------------------
 
     def _begin(self, name: str) -> None:
+        if self.parked is not None:
+            raise PipelineDefinitionError(
+                f"step {name!r} was called after this run parked ({self.parked}): an except"
+                " clause caught the wait of ctx.map or ctx.spawn (Suspend); let it propagate"
+            )
         if not isinstance(name, str) or not name:
             raise PipelineDefinitionError("a step name must be a non-empty string")
         if name in self._seen:
@@ -94,8 +105,9 @@ class PipelineContext:
         if name not in self._results and name not in self._spawned and index < len(self._order):
             raise PipelineDefinitionError(
                 f"step {index + 1} is {name!r} in this run but was {self._order[index]!r} before:"
-                " a pipeline must call its steps in the same order every run (make step names"
-                " and the code that chooses them deterministic)"
+                " a pipeline must call its steps in the same order every run, one after"
+                " another (make step names and the code that chooses them deterministic; run"
+                " work in parallel with ctx.map)"
             )
 
     async def step(
@@ -190,37 +202,44 @@ class PipelineContext:
         ids = self._spawned.get(name)
         if ids is None:
             ids = await self._enqueue(name, _task_name(task), inputs, metadata, options)
-        children = await self._read(ids)
+        children = await self._read(ids, name, partial=partial)
         counts = {s.value: 0 for s in JobStatus}
         for child in children:
-            counts[child.status.value] += 1
+            if child is not None:
+                counts[child.status.value] += 1
         open_ = counts["queued"] + counts["processing"]
         done = len(children) - open_
+        if open_ and not partial:
+            lost = next(
+                (
+                    (i, c)
+                    for i, c in enumerate(children)
+                    if c is not None and c.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+                ),
+                None,
+            )
+            if lost is not None:  # fail now, not after its siblings' hours of work
+                from . import cancel_children
+
+                await cancel_children(self._app, self.job_id)
+                raise _child_failed(name, *lost)
         if open_:
-            await self._ctx.emit(CHILDREN_EVENT, {"name": name, "total": len(ids), **counts})
-            await self._ctx.progress(
-                round(100.0 * done / max(1, len(ids)), 2),
-                f"{name}: {done}/{len(ids)} children done",
-            )
-            raise Suspend(
-                f"waiting for {open_} children of {name!r}",
-                after=self._app.settings.pipeline_poll_s,
-            )
+            percent = round(100.0 * done / max(1, len(ids)), 2)
+            message = f"{name}: {done}/{len(ids)} children done"
+            if self._ctx.job.progress.message != message:  # an event when something changed
+                await self._ctx.emit(CHILDREN_EVENT, {"name": name, "total": len(ids), **counts})
+                await self._ctx.progress(percent, message)
+            self.parked = f"waiting for {open_} children of {name!r}"
+            raise Suspend(self.parked, after=self._app.settings.pipeline_poll_s)
         if self._ctx.job.progress.message is not None:  # it reported waiting: say it's over
             await self._ctx.progress(100.0, f"{name}: {len(ids)}/{len(ids)} children done")
         results: list[Any] = []
         for index, child in enumerate(children):
-            if child.status == JobStatus.COMPLETED:
+            if child is not None and child.status == JobStatus.COMPLETED:
                 results.append(child.result)
                 continue
-            if not partial:
-                reason = child.error.message if child.error is not None else child.status.value
-                raise ChildFailedError(
-                    f"child {child.task_id} ({name}[{index}], task {child.type!r})"
-                    f" {child.status.value}: {reason}",
-                    child_id=child.task_id,
-                    step=name,
-                )
+            if not partial and child is not None:
+                raise _child_failed(name, index, child)
             results.append(None)
         await self._ctx.backend.append_event(
             self.job_id,
@@ -251,7 +270,8 @@ class PipelineContext:
                     parent_id=parent.task_id,
                     tenant=parent.tenant,
                     limits=False,  # the pipeline was admitted; its children are its work
-                    idempotency_key=f"{parent.task_id}/{name}/{index}",
+                    # A space: no Idempotency-Key an API client sends can take this one.
+                    idempotency_key=f"{parent.task_id} {name} {index}",
                     metadata=None if metadata is None else metadata[index],
                     **options,
                 )
@@ -276,7 +296,7 @@ class PipelineContext:
         self._spawned[name] = ids
         return ids
 
-    async def _read(self, ids: list[str]) -> list[Job]:
+    async def _read(self, ids: list[str], name: str, *, partial: bool) -> list[Job | None]:
         found: dict[str, Job] = {}
         cursor: str | None = None
         while True:
@@ -288,13 +308,24 @@ class PipelineContext:
                 break
             cursor = page.next_cursor
         missing = [i for i in ids if i not in found]
-        if missing:  # expired (past their TTL) or deleted by hand: not coming back
+        if missing and not partial:  # expired (past their TTL) or deleted: not coming back
             raise ChildFailedError(
-                f"child {missing[0]} is gone (expired or deleted) before the pipeline read it",
+                f"child {missing[0]} of {name!r} is gone (expired or deleted) before the"
+                " pipeline read it",
                 child_id=missing[0],
-                step="",
+                step=name,
             )
-        return [found[i] for i in ids]
+        return [found.get(i) for i in ids]
+
+
+def _child_failed(name: str, index: int, child: Job) -> ChildFailedError:
+    reason = child.error.message if child.error is not None else child.status.value
+    return ChildFailedError(
+        f"child {child.task_id} ({name}[{index}], task {child.type!r}) {child.status.value}:"
+        f" {reason}",
+        child_id=child.task_id,
+        step=name,
+    )
 
 
 def _task_name(task: str | Callable[..., Any]) -> str:

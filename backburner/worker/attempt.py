@@ -191,7 +191,7 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
             error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
             outcome = Fail(error, dead_letter_ttl)
         except BackendError as exc:
-            if isinstance(outcome, Release | Wait) or time.monotonic() + delay > give_up:
+            if isinstance(outcome, Release) or time.monotonic() + delay > give_up:
                 log.warning(
                     "job %s: outcome not stored (%s); the job runs again when its lease expires",
                     job.task_id,

@@ -197,3 +197,73 @@ async def test_a_step_name_used_twice_or_out_of_order_is_a_clear_error(bb: Backb
     assert dup.error.type == "PipelineDefinitionError" and "used twice" in dup.error.message
     assert moved.status == JobStatus.FAILED and moved.error is not None
     assert "'b' in this run but was 'a' before" in moved.error.message
+
+
+async def test_the_last_child_wakes_its_parent_without_waiting_for_a_poll(
+    bb: Backburner,
+) -> None:
+    bb.settings = bb.settings.replace(pipeline_poll_s=300.0)  # no poll could finish it in time
+
+    @bb.task
+    async def quick(ctx: JobContext, n: int) -> int:
+        await asyncio.sleep(0.05 * n)
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        first = await ctx.map("one", quick, [1, 2, 3])
+        return list(await ctx.map("two", quick, first))
+
+    async with bb, running_worker(bb, concurrency=4):
+        job = await bb.enqueue("parent")
+        done = await bb.wait(job.task_id, timeout=20)
+    assert done.status == JobStatus.COMPLETED and done.result == [1, 2, 3]
+
+
+async def test_a_caught_wait_is_a_clear_error_not_a_result(bb: Backburner) -> None:
+    gate = asyncio.Event()
+
+    @bb.task
+    async def held(ctx: JobContext, n: int) -> int:
+        await gate.wait()
+        return n
+
+    @bb.pipeline(max_attempts=1)
+    async def sloppy(ctx: Any) -> str:
+        try:
+            await ctx.map("held", held, [1, 2])
+        except Exception:  # catches the wait of ctx.map too
+            return "made without the children"
+        return "done"
+
+    async with bb, running_worker(bb, concurrency=4):
+        job = await bb.wait((await bb.enqueue("sloppy")).task_id, timeout=20)
+        gate.set()
+    assert job.status == JobStatus.FAILED and job.error is not None
+    assert job.error.type == "PipelineDefinitionError" and "Suspend" in job.error.message
+
+
+async def test_a_child_failing_fails_the_parent_at_once_and_stops_its_siblings(
+    bb: Backburner,
+) -> None:
+    @bb.task(max_attempts=1)
+    async def work(ctx: JobContext, n: int) -> int:
+        if n == 0:
+            raise PermanentError("source unreachable")
+        await asyncio.sleep(60)
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        return list(await ctx.map("work", work, [0, 1, 2]))
+
+    async with bb, running_worker(bb, concurrency=4):
+        job = await bb.wait((await bb.enqueue("parent")).task_id, timeout=20)
+        children = (await bb.list(parent_id=job.task_id)).jobs
+    assert job.status == JobStatus.FAILED and job.error is not None
+    assert "work[0]" in job.error.message
+    assert sorted(c.status for c in children) == [
+        JobStatus.CANCELLED,
+        JobStatus.CANCELLED,
+        JobStatus.FAILED,
+    ]
