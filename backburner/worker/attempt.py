@@ -59,6 +59,8 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
     app.tracing.queue_wait(job)
     try:
         await app.hooks.start(job)
+        if attempt.stop_reason is not None:  # a start hook cancelled it (a child of an ended
+            await asyncio.sleep(0)  # pipeline): the cancel lands here, before the handler runs
         with app.tracing.run(job) as span:
             outcome = await _run_handler(app, attempt, ctx)
             if isinstance(outcome, Fail | RetryAt):

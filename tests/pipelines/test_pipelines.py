@@ -267,3 +267,45 @@ async def test_a_child_failing_fails_the_parent_at_once_and_stops_its_siblings(
         JobStatus.CANCELLED,
         JobStatus.FAILED,
     ]
+
+
+async def test_a_child_of_an_ended_parent_is_cancelled_as_it_starts(bb: Backburner) -> None:
+    ran: list[str] = []
+
+    @bb.task
+    async def child(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    @bb.task
+    async def parent(ctx: JobContext) -> None:
+        return None
+
+    async with bb:
+        owner = await bb.enqueue("parent", delay=3600)
+        await bb.cancel(owner.task_id)
+        late = await bb.enqueue("child", parent_id=owner.task_id)  # made after the cascade
+        async with running_worker(bb, concurrency=1):
+            done = await bb.wait(late.task_id, timeout=20)
+    assert done.status == JobStatus.CANCELLED and ran == []
+
+
+async def test_a_parent_that_fails_takes_its_open_children_with_it(bb: Backburner) -> None:
+    @bb.task
+    async def child(ctx: JobContext) -> None:
+        return None
+
+    @bb.task(max_attempts=1)
+    async def parent(ctx: JobContext) -> None:
+        for _ in range(3):
+            await bb.enqueue("child", parent_id=ctx.job_id, delay=3600)
+        raise PermanentError("gave up")
+
+    async with bb, running_worker(bb, concurrency=1):
+        failed = await bb.wait((await bb.enqueue("parent")).task_id, timeout=20)
+
+        async def all_cancelled() -> bool:
+            kids = (await bb.list(parent_id=failed.task_id)).jobs
+            return len(kids) == 3 and {k.status for k in kids} == {JobStatus.CANCELLED}
+
+        await eventually(all_cancelled, message="children cancelled")
+    assert failed.status == JobStatus.FAILED
