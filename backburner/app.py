@@ -351,7 +351,9 @@ class Backburner:
             task_id=new_task_id(),
             type=task,
             input=payload,
-            fingerprint=request_fingerprint or fingerprint(task, payload),
+            # Only an idempotency key is ever checked against it: no key, no digest to pay for.
+            fingerprint=request_fingerprint
+            or (fingerprint(task, payload) if idempotency_key is not None else ""),
             created_at=now,
             run_at=due,
             priority=priority,

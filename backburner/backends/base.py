@@ -367,6 +367,7 @@ class Backend(Protocol):
         *,
         now: float,
         only_if_lease_expired: bool = False,
+        claimed: Job | None = None,
     ) -> Job:
         """Apply an attempt's outcome atomically: state, history, events, expiry.
 
@@ -378,6 +379,9 @@ class Backend(Protocol):
         claim. Wait is a Release due at ``outcome.run_at`` (it joins its tenant's line when
         due, like a RetryAt): history outcome "waiting", one status event ``{"status":
         "queued", "waiting": reason}``, no webhook.
+
+        ``claimed`` is the job as the caller claimed it (claim's reply, for this fence); a
+        backend may use it to build the returned Job without reading it back.
         """
         ...
 

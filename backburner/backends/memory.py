@@ -352,6 +352,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         *,
         now: float,
         only_if_lease_expired: bool = False,
+        claimed: Job | None = None,
     ) -> Job:
         stored = self._held(task_id, fence)
         job = stored.job

@@ -3,7 +3,7 @@
 Every transition that touches more than one key is one Lua script (``redis_lua/``), so a crash
 at any instant leaves each job either before or after a transition, never in between. All keys
 carry one hash tag, so every script touches a single Redis Cluster slot (docs/redis.md tells
-the layout). Commands from concurrent coroutines share a few pipelined connections
+the layout). Commands from concurrent coroutines share one pipelined connection
 (``RedisLink``); waiting for work uses Pub/Sub and waiting for events XREAD BLOCK, each on a
 connection of its own.
 """
@@ -15,9 +15,10 @@ import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
+
+from pydantic_core import from_json
 
 from ..errors import (
     BackendError,
@@ -32,7 +33,7 @@ from ..errors import (
     SubmitRateLimitedError,
 )
 from ..jsoncodec import check_usage, encode
-from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress
+from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress, Usage
 from .base import (
     Complete,
     Fail,
@@ -55,6 +56,7 @@ from .redis_codec import (
 )
 from .redis_link import RedisLink, Script
 from .redis_reads import READ_SCRIPTS, RedisReads, text
+from .redis_scripts import load_script
 from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
@@ -98,12 +100,7 @@ twice)."""
 
 
 def _load_scripts() -> dict[str, Script]:
-    folder = resources.files(__package__).joinpath("redis_lua")
-    prelude = folder.joinpath("prelude.lua").read_text()
-    return {
-        name: Script(name, prelude + folder.joinpath(f"{name}.lua").read_text())
-        for name in _SCRIPTS
-    }
+    return {name: load_script(name) for name in _SCRIPTS}
 
 
 def _webhook_event(outcome: Outcome) -> str:
@@ -113,6 +110,38 @@ def _webhook_event(outcome: Outcome) -> str:
     if isinstance(outcome, Fail):
         return WEBHOOK_EVENTS[JobStatus.FAILED]
     return ""
+
+
+def _finished(
+    claimed: Job, outcome: Complete | Fail, details: list[str], now: float, reply: list[Any]
+) -> Job:
+    """The job as finish.lua leaves it after a Complete or a Fail of the attempt ``claimed``
+    (the job as its claim returned it), equal to what read_job would return: made from the
+    outcome's script arguments (``details``: kind, result, usage for a Complete) and the reply
+    {'ok', false, expires_at, progress percent, progress message}, which carries what may have
+    changed since the claim."""
+    message = reply[4]
+    update: dict[str, Any] = {
+        "finished_at": now,
+        "expires_at": float(reply[2]),
+        "lease_expires_at": None,
+        "progress": Progress(
+            percent=float(reply[3]), message=None if message is None else from_json(message)
+        ),
+    }
+    if isinstance(outcome, Complete):
+        status, error = JobStatus.COMPLETED, None
+        update["result"] = from_json(details[1])
+        if details[2]:  # none given leaves the job's usage as it was
+            update["usage"] = Usage.model_validate_json(details[2])
+    else:
+        status, error = JobStatus.FAILED, outcome.error
+    update.update(status=status, error=error)
+    history = claimed.history
+    if history and history[-1].finished_at is None:  # the attempt's record, open since claimed
+        closed = {"finished_at": now, "outcome": status.value, "error": error}
+        update["history"] = [*history[:-1], history[-1].model_copy(update=closed)]
+    return claimed.model_copy(update=update)
 
 
 class RedisBackend(RedisReads, RedisWebhookOutbox):
@@ -127,7 +156,6 @@ class RedisBackend(RedisReads, RedisWebhookOutbox):
         *,
         prefix: str = "bb",
         max_queue_size: int | None = None,
-        connections: int = 2,
     ) -> None:
         if not prefix or any(c in prefix for c in "{}"):
             raise ConfigurationError(f"invalid Redis key prefix {prefix!r}: no braces, not empty")
@@ -138,7 +166,6 @@ class RedisBackend(RedisReads, RedisWebhookOutbox):
         self._tag_key = self._p + "seq"
         parts = urlsplit(url)
         self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
-        self._connections = connections
         self._scripts = _load_scripts()
         self._pool: Any = None
         self._blocking_pool: Any = None
@@ -169,7 +196,7 @@ class RedisBackend(RedisReads, RedisWebhookOutbox):
         }
         self._pool = ConnectionPool.from_url(self.url, **options)
         self._blocking_pool = ConnectionPool.from_url(self.url, **options)
-        self._link = RedisLink(self._pool, where=self._where, connections=self._connections)
+        self._link = RedisLink(self._pool, where=self._where)
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
@@ -338,24 +365,40 @@ class RedisBackend(RedisReads, RedisWebhookOutbox):
         *,
         now: float,
         only_if_lease_expired: bool = False,
+        claimed: Job | None = None,
     ) -> Job:
         try:
             details = self._outcome_args(outcome, now)
         except InvalidInputError as exc:
             await self._raise_unless_held(task_id, fence, exc)
+        # A terminal outcome of the claim `claimed` shows is built from it, not read back: the
+        # script's read of the job (its spec and whole hash) is a fifth of its Redis time.
+        if not (
+            isinstance(outcome, Complete | Fail)
+            and claimed is not None
+            and (claimed.task_id, claimed.fence, claimed.status)
+            == (task_id, fence, JobStatus.PROCESSING)
+        ):
+            claimed = None
         reply = await self._run(
             "finish",
             task_id,
             fence,
             number(now),
             "1" if only_if_lease_expired else "0",
-            new_msg_id(),  # the webhook message's id, if this makes a job with one terminal
+            # The webhook message's id, if this makes a job with one terminal (a claimed job
+            # shows whether it has one: no id to make for the many that do not).
+            "" if claimed is not None and claimed.webhook_url is None else new_msg_id(),
             _webhook_event(outcome),
+            "1" if claimed is None else "0",
             *details,
         )
         if reply[0] != b"ok":
             raise LeaseLostError(task_id, fence)
-        return decode_job(reply[1])
+        if claimed is None:
+            return decode_job(reply[1])
+        assert isinstance(outcome, Complete | Fail)
+        return _finished(claimed, outcome, details, float(now), reply)
 
     @staticmethod
     def _outcome_args(outcome: Outcome, now: float) -> list[str]:

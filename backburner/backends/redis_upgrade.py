@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import logging
 import time
-from importlib import resources
 
 from ..errors import ConfigurationError
 from ..jsoncodec import encode
 from .base import DEFAULT_TENANT, FAIR_SCALE
-from .redis_link import RedisLink, Script
+from .redis_link import RedisLink
+from .redis_scripts import load_script
 
 log = logging.getLogger("backburner.redis")
 
@@ -43,15 +43,6 @@ UPGRADE_BATCH = 500
 """Jobs one batch (one script) converts: a few milliseconds of Redis time."""
 
 _PROGRESS_EVERY_S = 5.0
-
-
-def _upgrade_script() -> Script:
-    folder = resources.files(__package__).joinpath("redis_lua")
-    source = folder.joinpath("prelude.lua").read_text() + folder.joinpath("upgrade.lua").read_text()
-    return Script("upgrade", source)
-
-
-_SCRIPT = _upgrade_script()
 
 
 def check_layout(recorded: bytes | None, where: str) -> bool:
@@ -81,11 +72,12 @@ async def upgrade_layout(
     (or ``max_batches`` have run, which leaves it half-way, as a crash would). Returns how many
     jobs its own batches looked at; BackendError if Redis fails (a batch lost with its
     connection is sent once more: batches are safe to repeat)."""
+    script = load_script("upgrade")
     started = last_report = time.monotonic()
     scanned = tagged = batches = 0
     while max_batches is None or batches < max_batches:
         reply = await link.run(
-            _SCRIPT,
+            script,
             (prefix_key + LAYOUT_KEY,),
             (
                 prefix_key,

@@ -360,6 +360,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
         *,
         now: float,
         only_if_lease_expired: bool = False,
+        claimed: Job | None = None,
     ) -> Job:
         guard = "task_id = :task_id AND fence = :fence AND status = 'processing'"
         if only_if_lease_expired:

@@ -176,7 +176,9 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
     retried = False
     while True:
         try:
-            stored = await app.backend.finish(job.task_id, job.fence, outcome, now=app.clock.now())
+            stored = await app.backend.finish(
+                job.task_id, job.fence, outcome, now=app.clock.now(), claimed=job
+            )
             break
         except LeaseLostError:
             # After a lost reply, "lease lost" may just be our own earlier write.

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Fail, Outcome, Release, RetryAt
 from backburner.errors import InvalidInputError, LeaseLostError
-from backburner.models import JobStatus, Progress
+from backburner.models import Job, JobStatus, Progress
 
-from ._support import LEASE, T0, TTL, claim_one, drive, error, event_data, snapshot
+from ._support import (
+    LEASE,
+    T0,
+    TTL,
+    claim_one,
+    drive,
+    enqueue,
+    error,
+    event_data,
+    snapshot,
+)
 
 OUTCOMES: list[Outcome] = [
     Complete(result={"ok": True}),
@@ -301,3 +313,98 @@ async def test_complete_round_trips_any_json_result(backend: Backend, result: ob
         "status",
         {"status": "completed", "result": result},
     )
+
+
+# -- finish(claimed=...): the worker's call, which a backend may answer without a read -------
+
+EVERY_FIELD: dict[str, Any] = {
+    "priority": 5,
+    "metadata": {"user": "u-1", "tags": ["a", "b"], "n": 1.5},
+    "webhook_url": "https://hooks.example.com/done?x=1",
+    "webhook_progress": True,
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tenant": "acme",
+    "parent_id": "task_parent",
+    "idempotency_key": "key-1",
+    "timeout_s": 90.0,
+    "deadline_at": T0 + 500,
+}
+
+TERMINAL_OUTCOMES: list[Complete | Fail] = [
+    Complete(result={"answer": [1, 2.5, "é"]}, usage={"input_tokens": 3, "output_tokens": 4}),
+    Complete(result="text", usage={"input_tokens": 1, "model": "m-1", "cost": 0.25}),
+    Complete(),
+    Fail(error("bad_input", "cannot parse", retryable=False), ttl_s=7200.0),
+]
+TERMINAL_IDS = ["complete", "complete-usage-extras", "complete-bare", "fail"]
+
+
+async def finish_claimed(backend: Backend, claimed: Job, outcome: Outcome, now: float) -> Job:
+    """finish as the worker calls it; the Job it returns must be the one stored, exactly."""
+    done = await backend.finish(claimed.task_id, claimed.fence, outcome, now=now, claimed=claimed)
+    stored = await backend.get(claimed.task_id)
+    assert stored is not None
+    for name in Job.model_fields:
+        assert getattr(done, name) == getattr(stored, name), name
+    assert done == stored
+    assert done.model_dump_json() == stored.model_dump_json()  # types too (100.0, not 100)
+    return done
+
+
+@pytest.mark.parametrize("outcome", TERMINAL_OUTCOMES, ids=TERMINAL_IDS)
+@pytest.mark.parametrize(
+    "progress",
+    [None, Progress(percent=42.5, message="half way"), Progress(percent=10.0)],
+    ids=["no-progress", "progress", "progress-without-message"],
+)
+@pytest.mark.parametrize("fields", [{}, EVERY_FIELD], ids=["plain", "every-field"])
+async def test_finish_with_the_claimed_job_returns_it_as_stored(
+    backend: Backend, outcome: Complete | Fail, progress: Progress | None, fields: dict[str, Any]
+) -> None:
+    claimed = await drive(backend, JobStatus.PROCESSING, **fields)
+    if progress is not None:  # the handler reports progress after the claim
+        first = Progress(percent=5.0, message="starting")
+        await backend.append_event(
+            claimed.task_id, claimed.fence, "progress", None, now=T0 + 2, progress=first
+        )
+        await backend.append_event(
+            claimed.task_id, claimed.fence, "progress", {"n": 2}, now=T0 + 3, progress=progress
+        )
+    done = await finish_claimed(backend, claimed, outcome, T0 + 5.25)
+    completed = isinstance(outcome, Complete)
+    assert done.status == (JobStatus.COMPLETED if completed else JobStatus.FAILED)
+    assert done.finished_at == T0 + 5.25 and done.lease_expires_at is None
+    message = None if progress is None else progress.message
+    percent = 100.0 if completed else (0.0 if progress is None else progress.percent)
+    assert done.progress == Progress(percent=percent, message=message)
+    last = done.history[-1]
+    assert (last.finished_at, last.outcome) == (T0 + 5.25, done.status.value)
+
+
+@pytest.mark.parametrize("outcome", TERMINAL_OUTCOMES, ids=TERMINAL_IDS)
+async def test_finish_with_the_claimed_job_after_a_retry(
+    backend: Backend, outcome: Complete | Fail
+) -> None:
+    job = await drive(backend, JobStatus.PROCESSING, **EVERY_FIELD)
+    await backend.finish(job.task_id, job.fence, RetryAt(error(), run_at=T0 + 2), now=T0 + 2)
+    again = await claim_one(backend, job.task_id, worker="w2", now=T0 + 3)
+    assert again.error is not None and len(again.history) == 2
+    done = await finish_claimed(backend, again, outcome, T0 + 4)
+    assert [h.outcome for h in done.history] == ["retry", done.status.value]
+    assert (await backend.events(job.task_id))[-1].seq == (7 if isinstance(outcome, Fail) else 6)
+
+
+@pytest.mark.parametrize("outcome", TERMINAL_OUTCOMES, ids=TERMINAL_IDS)
+async def test_finish_with_a_job_not_as_claimed_returns_it_as_stored(
+    backend: Backend, outcome: Complete | Fail
+) -> None:
+    """A ``claimed`` that is not the claim being finished (another job's, or the job as it was
+    queued) is no source for the job returned."""
+    first = await enqueue(backend, **EVERY_FIELD)
+    second = await enqueue(backend)
+    claimed = await backend.claim("w1", limit=2, now=T0 + 1, lease_s=LEASE)
+    assert [job.task_id for job in claimed] == [first.task_id, second.task_id]
+    for job, wrong in ((claimed[0], first), (claimed[1], claimed[0])):
+        done = await backend.finish(job.task_id, job.fence, outcome, now=T0 + 2, claimed=wrong)
+        assert done == await backend.get(job.task_id)
+        assert done.task_id == job.task_id and done.status.is_terminal

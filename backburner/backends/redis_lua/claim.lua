@@ -40,29 +40,59 @@ if #types > 1 then table.sort(candidates) end
 
 local out = {}
 local clocks = {} -- type -> priority code -> the largest tag claimed from that queue
+-- The index writes of all claimed jobs go out as one variadic command per key after the
+-- loop: a command costs about as much as the member it moves, so per job they were the
+-- larger part of a claim.
+local ready_out, queued_out, processing_in = {}, {}, {} -- type -> ZREM/ZADD arguments
+local all_ids, all_seqs, leases, prios = {}, {}, {}, {}
 for i = 1, math.min(limit, #candidates) do
   local m = candidates[i]
   local ty = type_of[m]
   local id = string.sub(m, M_ID)
   local j = jkey(id)
-  redis.call('ZREM', rkey(ty), m)
+  local seq = tonumber(string.sub(m, M_SEQ, M_RUN - 1))
+  if not ready_out[ty] then ready_out[ty], queued_out[ty], processing_in[ty] = {}, {}, {} end
+  table.insert(ready_out[ty], m)
+  table.insert(queued_out[ty], id)
+  table.insert(processing_in[ty], seq)
+  table.insert(processing_in[ty], id)
+  table.insert(all_ids, id)
+  table.insert(all_seqs, seq)
+  table.insert(all_seqs, id)
+  table.insert(leases, lease)
+  table.insert(leases, id)
   local pq, tag = string.sub(m, 1, 3), tonumber(string.sub(m, M_TAG, M_SEQ - 1))
   local top = clocks[ty]
   if not top then top = {}; clocks[ty] = top end
   if not top[pq] or tag > top[pq] then top[pq] = tag end
-  local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority')
+  local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority', '_ev')
   local attempt = (tonumber(f[1]) or 0) + 1
+  local ev = (tonumber(f[4]) or 0) + 1 -- the seq of its status event
   local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
   redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt,
     'fence', (tonumber(f[2]) or 0) + 1, 'worker_id', wjson, 'lease_expires_at', lease,
-    'started_at', now, '_cur', cur)
-  redis.call('ZADD', LEASES, lease, id)
-  reindex(id, ty, tonumber(string.sub(m, M_SEQ, M_RUN - 1)), 'queued', 'processing')
-  redis.call('HINCRBY', QPRIO, f[3] or string.format('%d', 100 - tonumber(pq)), -1)
-  event(id, 'status',
+    'started_at', now, '_cur', cur, '_ev', ev)
+  local priority = f[3] or string.format('%d', 100 - tonumber(pq))
+  prios[priority] = (prios[priority] or 0) + 1
+  event_at(id, ev, 'status',
     '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
   out[#out + 1] = read_job(id)
 end
+-- A command with the arguments args, 1,000 at a time (unpack has a limit; 1,000 keeps pairs).
+local function in_chunks(command, key, args)
+  for first = 1, #args, 1000 do
+    redis.call(command, key, unpack(args, first, math.min(#args, first + 999)))
+  end
+end
+in_chunks('ZADD', LEASES, leases)
+in_chunks('ZREM', P .. 'i:s:queued', all_ids)
+in_chunks('ZADD', P .. 'i:s:processing', all_seqs)
+for ty, members in pairs(ready_out) do
+  in_chunks('ZREM', rkey(ty), members)
+  in_chunks('ZREM', P .. 'i:st:queued:' .. ty, queued_out[ty])
+  in_chunks('ZADD', P .. 'i:st:processing:' .. ty, processing_in[ty])
+end
+for priority, count in pairs(prios) do redis.call('HINCRBY', QPRIO, priority, -count) end
 -- Claiming moves each queue's clock up to the largest tag claimed from it (never down: a
 -- released job keeps an older tag). Only that queue's: another type's tenants keep their place.
 for ty, top in pairs(clocks) do

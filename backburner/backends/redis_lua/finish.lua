@@ -1,14 +1,18 @@
--- ARGV: P, id, fence, now, only_if_lease_expired 0|1, msg_id, webhook event|'', kind, ...
+-- ARGV: P, id, fence, now, only_if_lease_expired 0|1, msg_id, webhook event|'', want job 1|0,
+-- kind, ...
 --   complete: result, usage|'', event data
 --   fail:     error, dead-letter ttl
 --   retry:    error, run_at, delayed 0|1
 --   release:  event data
 --   wait:     event data, run_at, delayed 0|1
-local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[8]
+-- Returns {'lost'} or {'ok', the job as read_job makes it}; with want job 0, a completed or
+-- failed job is not read back: {'ok', false, expires_at, progress percent, progress message
+-- (JSON text) or nil}, what its caller cannot know from the job as it claimed it.
+local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[9]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', '_ty', '_sq',
   'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url', 'tenant', '_fc', '_tg',
-  'parent_id')
+  'parent_id', '_hist', '_ev', '_pp', '_pm')
 if f[1] ~= '"processing"' or f[2] ~= fence then return {'lost'} end
 local lease_end = tonumber(f[3]) -- none: it cannot be running on a lease any more
 if ARGV[5] == '1' and lease_end and lease_end > tonumber(now) then return {'lost'} end
@@ -33,68 +37,83 @@ local tag = tonumber(f[15]) -- a Release puts the job back at its place in its l
 if kind == 'release' and not tag then -- none kept: at the front, at its queue's clock
   tag = tonumber(redis.call('HGET', fkey(ty), pq)) or 0
 end
+local ev = tonumber(f[18]) or 0 -- this transition's events take the seqs after it
 
+-- The job's one HSET: the outcome's fields (sets), the attempt in progress closed into _hist
+-- (a job without one has none to close), and _ev past the `events` events it appends.
+local function write_job(sets, outcome, error_json, events)
+  if cur then
+    sets[#sets + 1] = '_hist'
+    sets[#sets + 1] = closed_history(f[17], cur, now, outcome, error_json)
+  end
+  sets[#sets + 1] = '_ev'
+  sets[#sets + 1] = ev + events
+  redis.call('HSET', j, unpack(sets))
+end
+
+local expires, percent -- set for a terminal outcome: what a caller not reading the job needs
 redis.call('ZREM', LEASES, id)
 if kind == 'complete' then
-  close_history(id, cur, now, 'completed', nil)
-  local expires = tonumber(now) + ttl
-  redis.call('HSET', j, 'status', '"completed"', 'result', ARGV[9], 'finished_at', now,
-    'expires_at', num(expires), '_pp', '100')
-  if ARGV[10] ~= '' then redis.call('HSET', j, 'usage', ARGV[10]) end
-  redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg')
+  expires, percent = tonumber(now) + ttl, '100'
+  local sets = {'status', '"completed"', 'result', ARGV[10], 'finished_at', now,
+    'expires_at', num(expires), '_pp', percent}
+  if ARGV[11] ~= '' then
+    sets[#sets + 1] = 'usage'
+    sets[#sets + 1] = ARGV[11]
+  end
+  write_job(sets, 'completed', nil, 1)
+  redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, seq, 'processing', 'completed')
   leave_flight(tenant, parent)
-  event(id, 'status', ARGV[11], now)
+  event_at(id, ev + 1, 'status', ARGV[12], now)
   write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'fail' then
-  local err = ARGV[9]
-  close_history(id, cur, now, 'failed', err)
-  local expires = tonumber(now) + tonumber(ARGV[10])
-  redis.call('HSET', j, 'status', '"failed"', 'error', err, 'finished_at', now,
-    'expires_at', num(expires))
-  redis.call('HDEL', j, 'lease_expires_at', '_tg')
+  local err = ARGV[10]
+  expires, percent = tonumber(now) + tonumber(ARGV[11]), f[19] or '0'
+  write_job({'status', '"failed"', 'error', err, 'finished_at', now, 'expires_at', num(expires)},
+    'failed', err, 2)
+  redis.call('HDEL', j, 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, seq, 'processing', 'failed')
   leave_flight(tenant, parent)
-  event(id, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}', now)
-  event(id, 'status', '{"status":"failed","error":' .. err .. '}', now)
+  event_at(id, ev + 1, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}',
+    now)
+  event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
   write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'retry' then
-  local err, run_at = ARGV[9], ARGV[10]
-  close_history(id, cur, now, 'retry', err)
-  redis.call('HSET', j, 'status', '"queued"', 'error', err, 'run_at', run_at)
-  redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
+  local err, run_at = ARGV[10], ARGV[11]
+  write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2)
+  redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, seq, 'processing', 'queued')
   redis.call('HINCRBY', QPRIO, priority, 1)
-  event(id, 'attempt_failed',
+  event_at(id, ev + 1, 'attempt_failed',
     '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
-  event(id, 'status', '{"status":"queued"}', now)
-  if ARGV[11] == '1' then
+  event_at(id, ev + 2, 'status', '{"status":"queued"}', now)
+  if ARGV[12] == '1' then
     enqueue_delayed(id, ty, sq, run_at)
   else -- due now: to the back of its tenant's line
     enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
   end
 elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like a RetryAt
-  local run_at = ARGV[10]
-  close_history(id, cur, now, 'waiting', nil)
-  redis.call('HSET', j, 'status', '"queued"', 'attempts', math.max(0, attempts - 1),
-    'run_at', run_at)
-  redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
+  local run_at = ARGV[11]
+  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at},
+    'waiting', nil, 1)
+  redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, seq, 'processing', 'queued')
   redis.call('HINCRBY', QPRIO, priority, 1)
-  event(id, 'status', ARGV[9], now)
-  if ARGV[11] == '1' then
+  event_at(id, ev + 1, 'status', ARGV[10], now)
+  if ARGV[12] == '1' then
     enqueue_delayed(id, ty, sq, run_at)
   else -- due now: to the back of its tenant's line
     enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
   end
 else -- release
-  close_history(id, cur, now, 'released', nil)
-  redis.call('HSET', j, 'status', '"queued"', 'attempts', math.max(0, attempts - 1),
-    'run_at', now)
-  redis.call('HDEL', j, 'worker_id', 'lease_expires_at')
+  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', now},
+    'released', nil, 1)
+  redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, seq, 'processing', 'queued')
   redis.call('HINCRBY', QPRIO, priority, 1)
-  event(id, 'status', ARGV[9], now)
+  event_at(id, ev + 1, 'status', ARGV[10], now)
   enqueue_ready(id, ty, pq, tag, sq, now)
 end
+if ARGV[8] == '0' and expires then return {'ok', false, num(expires), percent, f[20]} end
 return {'ok', read_job(id)}

@@ -51,9 +51,14 @@ local function reindex(id, ty, seq, from, to)
   end
 end
 
+-- An event under a seq the caller took: it read the job's _ev and writes it past seq itself.
+local function event_at(id, seq, type, data, at)
+  redis.call('XADD', ekey(id), seq .. '-0', 't', type, 'd', data, 'a', at)
+end
+
 local function event(id, type, data, at)
   local seq = redis.call('HINCRBY', jkey(id), '_ev', 1)
-  redis.call('XADD', ekey(id), seq .. '-0', 't', type, 'd', data, 'a', at)
+  event_at(id, seq, type, data, at)
   return seq
 end
 
@@ -228,15 +233,20 @@ local function leave_flight(tenant, parent)
   end
 end
 
-local function close_history(id, cur, now, outcome, error_json)
-  if not cur then return end
+-- The _hist text once the attempt in progress (cur, its _cur) is closed; hist: _hist as read.
+local function closed_history(hist, cur, now, outcome, error_json)
   local record = cur .. ',"finished_at":' .. now .. ',"outcome":"' .. outcome .. '"'
   if error_json then record = record .. ',"error":' .. error_json end
   record = record .. '}'
+  if hist and hist ~= '' then return hist .. ',' .. record end
+  return record
+end
+
+local function close_history(id, cur, now, outcome, error_json)
+  if not cur then return end
   local j = jkey(id)
-  local hist = redis.call('HGET', j, '_hist')
-  if hist and hist ~= '' then record = hist .. ',' .. record end
-  redis.call('HSET', j, '_hist', record)
+  redis.call('HSET', j, '_hist',
+    closed_history(redis.call('HGET', j, '_hist'), cur, now, outcome, error_json))
   redis.call('HDEL', j, '_cur')
 end
 

@@ -1,0 +1,151 @@
+"""RedisLink: many callers, one connection, each reply to its own caller; failures surface.
+
+Against the real Redis (replies in order under load) and against a scripted loopback server
+that can go silent or hang up, to see the link give up and reconnect by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import hiredis
+import pytest
+from redis.asyncio import ConnectionPool
+
+from backburner.backends.redis_link import RedisLink
+from backburner.errors import BackendConnectionError, BackendError
+
+from ..conftest import REDIS_TEST_URL, require_redis
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@contextlib.asynccontextmanager
+async def linked(url: str, **options: Any) -> AsyncIterator[RedisLink]:
+    pool = ConnectionPool.from_url(url, protocol=2, socket_connect_timeout=2)
+    link = RedisLink(pool, where="test", **options)
+    link.start()
+    try:
+        yield link
+    finally:
+        await link.close()
+        await pool.disconnect()
+
+
+class ScriptedServer:
+    """Answers every command with +OK, until told to stay silent or to hang up on the next."""
+
+    def __init__(self) -> None:
+        self.silent = False
+        self.hang_up_on: bytes | None = None
+        self.received: list[list[bytes]] = []
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> ScriptedServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        parser = hiredis.Reader()
+        try:
+            while data := await reader.read(1 << 16):
+                parser.feed(data)
+                while (command := parser.gets()) is not False:
+                    self.received.append(command)
+                    if self.hang_up_on is not None and command[0] == self.hang_up_on:
+                        self.hang_up_on = None
+                        writer.close()
+                        return
+                    if not self.silent:
+                        writer.write(b"+OK\r\n")
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+async def test_concurrent_callers_each_get_their_own_reply_over_few_connections(
+    connections: int,
+) -> None:
+    require_redis()
+    async with linked(REDIS_TEST_URL, connections=connections) as link:
+        assert await link.call("PING") == b"PONG"
+        replies = await asyncio.gather(
+            *(link.call("ECHO", f"value-{i}", read_only=True) for i in range(3000))
+        )
+        assert replies == [f"value-{i}".encode() for i in range(3000)]
+        opened = [lane.pipe for lane in link._lanes if lane.pipe is not None]
+        assert len(opened) == connections  # every lane carried commands
+
+
+async def test_a_cancelled_caller_does_not_shift_the_replies_of_the_others() -> None:
+    require_redis()
+    async with linked(REDIS_TEST_URL) as link:
+        abandoned = asyncio.create_task(link.call("ECHO", "abandoned", read_only=True))
+        await asyncio.sleep(0)  # sent
+        abandoned.cancel()
+        assert await link.call("ECHO", "mine", read_only=True) == b"mine"
+        assert abandoned.cancelled()
+
+
+async def test_a_refused_command_fails_only_its_caller() -> None:
+    require_redis()
+    async with linked(REDIS_TEST_URL) as link:
+        bad = link.call("NOSUCHCOMMAND", "x")
+        good = link.call("ECHO", "fine", read_only=True)
+        results = await asyncio.gather(bad, good, return_exceptions=True)
+        assert isinstance(results[0], BackendError)
+        assert "refused" in str(results[0])
+        assert results[1] == b"fine"
+
+
+async def test_a_silent_server_fails_the_command_after_the_reply_timeout() -> None:
+    async with ScriptedServer() as server, linked(server.url, reply_timeout_s=0.3) as link:
+        assert await link.call("PING") == b"OK"
+        server.silent = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(BackendConnectionError, match=r"no reply within 0\.3 s"):
+            await link.call("SET", "k", "v")
+        assert 0.3 <= loop.time() - started < 3.0
+        server.silent = False
+        assert await link.call("PING") == b"OK"  # on a new connection
+        assert server.connections == 2
+
+
+async def test_a_hang_up_fails_a_write_but_resends_a_read_on_a_new_connection() -> None:
+    async with ScriptedServer() as server, linked(server.url) as link:
+        assert await link.call("PING") == b"OK"
+        server.hang_up_on = b"SET"
+        with pytest.raises(BackendConnectionError):
+            await link.call("SET", "k", "v")  # a write is never sent twice: it may have landed
+        assert sum(1 for c in server.received if c[0] == b"SET") == 1
+        server.hang_up_on = b"GET"
+        assert await link.call("GET", "k", read_only=True) == b"OK"
+        assert sum(1 for c in server.received if c[0] == b"GET") == 2
+        assert server.connections == 3
+
+
+async def test_a_closed_link_refuses_commands() -> None:
+    async with ScriptedServer() as server, linked(server.url) as link:
+        assert await link.call("PING") == b"OK"
+    with pytest.raises(BackendError, match="not connected"):
+        await link.call("PING")
