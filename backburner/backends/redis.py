@@ -3,7 +3,7 @@
 Every transition that touches more than one key is one Lua script (``redis_lua/``), so a crash
 at any instant leaves each job either before or after a transition, never in between. All keys
 carry one hash tag, so every script touches a single Redis Cluster slot (docs/redis.md tells
-the layout). Commands from concurrent coroutines share one pipelined connection
+the layout). Commands from concurrent coroutines share two pipelined connections
 (``RedisLink``); waiting for work uses Pub/Sub and waiting for events XREAD BLOCK, each on a
 connection of its own.
 """
