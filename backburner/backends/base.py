@@ -16,7 +16,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -508,15 +508,32 @@ class Backend(Protocol):
         ...
 
     async def wait_for_jobs(
-        self, *, now: float, timeout: float, types: Sequence[str] | None = None
-    ) -> None:
+        self,
+        *,
+        now: float,
+        timeout: float,
+        types: Sequence[str] | None = None,
+        worker_id: str | None = None,
+        lease_s: float = 30.0,
+        on_handed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
         """Return when a job (of ``types``) may have become claimable, or after ``timeout``.
 
         Returns at once if a queued job is due at ``now``; waits at most until the earliest
         delayed job is due.
 
         Spurious wake-ups are allowed; a missed one is a bug (it costs pickup latency).
+
+        With ``worker_id`` a backend may hand the waiting worker jobs instead: claimed for it
+        (leases of ``lease_s``), passed to ``on_handed`` the moment one arrives during the wait,
+        else returned here or by a later call (or by ``stop_waiting``), to be run or released
+        like claimed ones. Others return [].
         """
+        ...
+
+    async def stop_waiting(self, worker_id: str) -> list[Job]:
+        """The worker waits no more: nothing more is handed to it. Returns the jobs handed to
+        it that no ``wait_for_jobs`` returned: claimed for it, to be run or released."""
         ...
 
     async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -542,8 +542,22 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         return len(doomed)
 
     async def wait_for_jobs(
-        self, *, now: float, timeout: float, types: Sequence[str] | None = None
-    ) -> None:
+        self,
+        *,
+        now: float,
+        timeout: float,
+        types: Sequence[str] | None = None,
+        worker_id: str | None = None,
+        lease_s: float = 30.0,
+        on_handed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
+        await self._wait_for_jobs(now, timeout, types)
+        return []  # no hand-off: one process, a claim costs no round trip
+
+    async def stop_waiting(self, worker_id: str) -> list[Job]:
+        return []
+
+    async def _wait_for_jobs(self, now: float, timeout: float, types: Sequence[str] | None) -> None:
         queued = [
             s.job.run_at
             for s in self._jobs.values()

@@ -11,7 +11,6 @@ connection of its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -58,6 +57,7 @@ from .redis_link import RedisLink, Script
 from .redis_reads import READ_SCRIPTS, RedisReads, text
 from .redis_scripts import load_script
 from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
+from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
 from .redis_webhooks import WEBHOOK_SAFE_TO_REPEAT, WEBHOOK_SCRIPTS, RedisWebhookOutbox
@@ -77,6 +77,8 @@ _SCRIPTS = (
     "delete",
     "purge_expired",
     "next_due",
+    "idle",
+    "unidle",
     "slot_acquire",
     "slot_renew",
     "wake",
@@ -89,6 +91,8 @@ _SAFE_TO_REPEAT = frozenset(
     {
         *READ_SCRIPTS,
         "next_due",
+        "idle",
+        "unidle",
         "heartbeat",
         "slot_acquire",
         "slot_renew",
@@ -144,7 +148,7 @@ def _finished(
     return claimed.model_copy(update=update)
 
 
-class RedisBackend(RedisReads, RedisWebhookOutbox):
+class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
     """Backend on Redis (``redis://host:6379/0?prefix=bb``; ``rediss://`` for TLS)."""
 
     upgrade_batch = UPGRADE_BATCH
@@ -499,31 +503,6 @@ class RedisBackend(RedisReads, RedisWebhookOutbox):
         if limit <= 0:
             return 0
         return int(await self._run("purge_expired", number(now), limit))
-
-    async def wait_for_jobs(
-        self, *, now: float, timeout: float, types: Sequence[str] | None = None
-    ) -> None:
-        if types is not None and not types:
-            await asyncio.sleep(timeout)
-            return
-        wake = self._wake
-        if wake is None:
-            raise BackendError("the Redis backend is not connected (call connect() first)")
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        with wake.listen(types) as woken:
-            # Subscribed before looking, so nothing enqueued after the look goes unnoticed.
-            if not await wake.ready(timeout):
-                return
-            next_due = await self._run("next_due", *(types or ()))
-            elapsed = loop.time() - started
-            if next_due is not None:
-                due_in = float(next_due) - now - elapsed if next_due != b"0" else 0.0
-                if due_in <= 0:
-                    return
-                timeout = min(timeout, due_in + elapsed)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), max(0.0, timeout - elapsed))
 
     async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
         if not after:

@@ -3,6 +3,10 @@
 Every enqueue, retry, release and replay publishes the job's type on one channel. Each process
 keeps one subscription and wakes just its waiters that claim that type. A waiter subscribes
 before it looks at the queue, so a job enqueued after the look always wakes it: no polling.
+
+The same connection carries each waiting worker's hand-off channel: an enqueue that finds the
+worker registered as idle claims the job for it and publishes it there (``Inbox``), so the
+worker starts it without claiming it itself.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import RedisError
 
 from .redis_link import Dedicated, pack
 
@@ -27,6 +32,23 @@ class _Listener:
     woken: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(eq=False)
+class Inbox:
+    """The jobs handed to one worker (as claim returns them), until it takes them."""
+
+    channel: bytes
+    docs: list[bytes] = field(default_factory=list)
+    subscribed: asyncio.Event = field(default_factory=asyncio.Event)
+    notify: asyncio.Event | None = None
+    """Set when a job arrives (the event of the worker's wait in progress, if any)."""
+    deliver: Callable[[bytes], None] | None = None
+    """Takes an arriving job at once (during a wait), rather than leaving it in ``docs``."""
+
+    def take(self) -> list[bytes]:
+        docs, self.docs = self.docs, []
+        return docs
+
+
 class WakeChannel:
     """One subscription shared by every waiter of a process; resubscribes after errors."""
 
@@ -35,6 +57,7 @@ class WakeChannel:
         self._channel = channel
         self._where = where
         self._listeners: set[_Listener] = set()
+        self._inboxes: dict[bytes, Inbox] = {}
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -50,6 +73,36 @@ class WakeChannel:
             yield listener.woken
         finally:
             self._listeners.discard(listener)
+
+    async def inbox(self, channel: str) -> Inbox:
+        """The inbox of a worker's hand-off channel, subscribed to from now on (until
+        ``close_inbox``); wait for ``inbox.subscribed`` before anyone may publish to it."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._receive(), name="backburner:redis-wake")
+        key = channel.encode()
+        inbox = self._inboxes.get(key)
+        if inbox is None:
+            inbox = self._inboxes[key] = Inbox(key)
+            connection = self._dedicated.connection
+            if connection is not None:  # (else the next session subscribes to every inbox)
+                with contextlib.suppress(RedisError, OSError):
+                    await self._send(connection, "SUBSCRIBE", key)
+        return inbox
+
+    async def close_inbox(self, channel: str) -> list[bytes]:
+        """Stop listening on a hand-off channel; the jobs that came and were not taken."""
+        inbox = self._inboxes.pop(channel.encode(), None)
+        if inbox is None:
+            return []
+        connection = self._dedicated.connection
+        if connection is not None and self._subscribed.is_set():
+            with contextlib.suppress(RedisError, OSError):
+                await self._send(connection, "UNSUBSCRIBE", inbox.channel)
+        return inbox.take()
+
+    @staticmethod
+    async def _send(connection: AbstractConnection, *command: str | bytes) -> None:
+        await connection.send_packed_command(pack([command]), check_health=False)
 
     async def ready(self, timeout: float) -> bool:
         """Wait until the subscription is live; False if it is not within ``timeout``."""
@@ -72,23 +125,46 @@ class WakeChannel:
         await self._dedicated.serve(self._session, lost=self._lost, where=self._where)
 
     async def _session(self, connection: AbstractConnection) -> None:
-        await connection.send_packed_command(pack([("SUBSCRIBE", self._channel)]))
+        main = self._channel.encode()
+        await self._send(connection, "SUBSCRIBE", main, *self._inboxes)
         try:
             while True:
-                kind, _, data = await connection.read_response(
+                kind, channel, data = await connection.read_response(
                     timeout=math.inf, disconnect_on_error=False
                 )
-                if kind == b"subscribe":
-                    self._subscribed.set()
-                    self._dedicated.failures = 0
-                elif kind == b"message":
+                if kind == b"message" and channel == main:
                     for listener in self._listeners:
                         if listener.types is None or data in listener.types:
                             listener.woken.set()
+                elif kind == b"message":
+                    inbox = self._inboxes.get(channel)
+                    if inbox is not None:
+                        self._arrived(inbox, data)
+                elif kind == b"subscribe":
+                    if channel == main:
+                        self._subscribed.set()
+                        self._dedicated.failures = 0
+                    elif channel in self._inboxes:
+                        self._inboxes[channel].subscribed.set()
         finally:
             # Waiters look again (and see the error) rather than wait for a lost channel.
             self._subscribed.clear()
+            for inbox in self._inboxes.values():
+                inbox.subscribed.clear()
             self._wake_all()
+
+    @staticmethod
+    def _arrived(inbox: Inbox, doc: bytes) -> None:
+        if inbox.deliver is not None:
+            try:
+                inbox.deliver(doc)
+            except Exception:  # a bug there must not end the subscription: keep it for later
+                log.exception("a handed job could not be delivered; kept for the next wait")
+                inbox.docs.append(doc)
+        else:
+            inbox.docs.append(doc)
+        if inbox.notify is not None:
+            inbox.notify.set()
 
     def _lost(self, error: Exception) -> None:
         failures = self._dedicated.failures

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..jsoncodec import encode
+from ..models import Job
 from .sqlite_executor import SQLiteExecutor
 
 
@@ -21,8 +22,22 @@ class SQLiteWaits:
     _executor: SQLiteExecutor
 
     async def wait_for_jobs(
-        self, *, now: float, timeout: float, types: Sequence[str] | None = None
-    ) -> None:
+        self,
+        *,
+        now: float,
+        timeout: float,
+        types: Sequence[str] | None = None,
+        worker_id: str | None = None,
+        lease_s: float = 30.0,
+        on_handed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
+        await self._wait_for_jobs(now, timeout, types)
+        return []  # no hand-off: a claim is a local transaction
+
+    async def stop_waiting(self, worker_id: str) -> list[Job]:
+        return []
+
+    async def _wait_for_jobs(self, now: float, timeout: float, types: Sequence[str] | None) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         of_types = "" if types is None else " AND type IN (SELECT value FROM json_each(?))"

@@ -54,6 +54,7 @@ class Worker:
         self._force = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._last_beat = time.monotonic()
+        self._handing_back: set[asyncio.Task[None]] = set()
         self.dispatcher = WebhookDispatcher(app)
         """Delivers the webhook outbox while this worker runs."""
 
@@ -113,7 +114,11 @@ class Worker:
             self.started.set()
             log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
             await self._claim_loop(stop_waiter)
+            # A task, not an await: nothing may run before _drain has cancelled what must not.
+            leaving = asyncio.create_task(self._stop_waiting())
             await self._drain()
+            await leaving
+            await asyncio.gather(*self._handing_back)
         finally:
             dispatch_stop.set()
             await asyncio.gather(dispatching, return_exceptions=True)
@@ -132,7 +137,8 @@ class Worker:
 
     async def _until_stopping(
         self, waitable: Awaitable[Any], stop_waiter: asyncio.Task[Any]
-    ) -> None:
+    ) -> Any:
+        """What ``waitable`` returns, or None if it failed or the worker began stopping."""
         task = asyncio.ensure_future(waitable)
         try:
             await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -142,6 +148,38 @@ class Worker:
                 await asyncio.gather(task, return_exceptions=True)
             elif not task.cancelled() and task.exception() is not None:
                 log.warning("waiting for work failed: %s", task.exception())
+        if task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
+    async def _stop_waiting(self) -> None:
+        """Hand back the jobs handed to this worker that it never took (or that came as it
+        stopped)."""
+        try:
+            leftover = await self.app.backend.stop_waiting(self.worker_id)
+        except BackburnerError as exc:
+            log.warning("could not stop waiting (%s); jobs handed to us run after their lease", exc)
+            return
+        await asyncio.gather(*(self._hand_back(job) for job in leftover))
+
+    def _take_handed(self, job: Job) -> None:
+        """Run a job the backend handed us, or hand it back if every slot is taken (a claim
+        of ours and the hand-off crossed) or we are stopping."""
+        if len(self.running) < self.concurrency and not self._stopping.is_set():
+            self._start(job)
+        else:
+            self._handing_back.add(asyncio.create_task(self._hand_back(job)))
+            self._handing_back = {t for t in self._handing_back if not t.done()}
+
+    async def _hand_back(self, job: Job) -> None:
+        try:
+            await self.app.backend.finish(
+                job.task_id, job.fence, Release(), now=self.app.clock.now()
+            )
+        except LeaseLostError:
+            pass
+        except BackburnerError as exc:
+            log.warning("job %s: not handed back (%s); its lease will expire", job.task_id, exc)
 
     async def _claim_loop(self, stop_waiter: asyncio.Task[Any]) -> None:
         settings = self.settings
@@ -175,9 +213,15 @@ class Worker:
                 self._start(job)
             if len(jobs) < limit:
                 wait = backend.wait_for_jobs(
-                    now=clock.now(), timeout=settings.idle_wait_s, types=types
+                    now=clock.now(),
+                    timeout=settings.idle_wait_s,
+                    types=types,
+                    worker_id=self.worker_id,
+                    lease_s=settings.lease_s,
+                    on_handed=self._take_handed,
                 )
-                await self._until_stopping(wait, stop_waiter)
+                for job in await self._until_stopping(wait, stop_waiter) or ():
+                    self._take_handed(job)
 
     async def _drain(self) -> None:
         if self.running and not self._force.is_set():

@@ -60,6 +60,8 @@ redis.call('HINCRBY', QPRIO, ARGV[12], 1)
 if ARGV[10] == '1' then
   enqueue_delayed(id, ty, sq, ARGV[9])
 else
-  enqueue_ready(id, ty, ARGV[8], fair_tag(tenant, ty, ARGV[8], tonumber(ARGV[14])), sq, ARGV[9])
+  add_ready(id, ty, ARGV[8], fair_tag(tenant, ty, ARGV[8], tonumber(ARGV[14])), sq, ARGV[9])
+  -- An idle worker takes it at once; else the waiters of its type are woken to claim it.
+  if not hand_off(ty, ARGV[11]) then redis.call('PUBLISH', WAKE, ty) end
 end
 return {'ok'}

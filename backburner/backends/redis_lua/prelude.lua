@@ -373,3 +373,143 @@ local function slot_keep(k, now)
     redis.call('PEXPIRE', k, string.format('%d', ms))
   end
 end
+-- Claim up to limit due jobs of types (a list) for worker wid (wjson: its id as JSON text)
+-- at now with leases until lease: each becomes processing under a new fence, with its
+-- status event; their index entries move in one command per key. Returns their documents
+-- (read_job), in claim order.
+local function claim_jobs(types, limit, wid, wjson, now, lease)
+  -- A ready job is due unless the clock of whoever queued it ran ahead of ours: skip those.
+  local now_code = run_code(now)
+  local candidates, type_of = {}, {}
+  for _, ty in ipairs(types) do
+    local found, offset = 0, 0
+    while found < limit do
+      local members = redis.call('ZRANGE', rkey(ty), '-', '+', 'BYLEX', 'LIMIT', offset, limit)
+      for _, m in ipairs(members) do
+        if string.sub(m, M_RUN, M_ID - 1) <= now_code then
+          candidates[#candidates + 1] = m
+          type_of[m] = ty
+          found = found + 1
+        end
+      end
+      if #members < limit or offset > 20 * limit then break end
+      offset = offset + limit
+    end
+  end
+  if #types > 1 then table.sort(candidates) end
+
+  local out = {}
+  local clocks = {} -- type -> priority code -> the largest tag claimed from that queue
+  -- The index writes of all claimed jobs go out as one variadic command per key after the
+  -- loop: a command costs about as much as the member it moves, so per job they were the
+  -- larger part of a claim.
+  local ready_out, queued_out, processing_in = {}, {}, {} -- type -> ZREM/ZADD arguments
+  local all_ids, all_seqs, leases, prios = {}, {}, {}, {}
+  for i = 1, math.min(limit, #candidates) do
+    local m = candidates[i]
+    local ty = type_of[m]
+    local id = string.sub(m, M_ID)
+    local j = jkey(id)
+    local seq = tonumber(string.sub(m, M_SEQ, M_RUN - 1))
+    if not ready_out[ty] then ready_out[ty], queued_out[ty], processing_in[ty] = {}, {}, {} end
+    table.insert(ready_out[ty], m)
+    table.insert(queued_out[ty], id)
+    table.insert(processing_in[ty], seq)
+    table.insert(processing_in[ty], id)
+    table.insert(all_ids, id)
+    table.insert(all_seqs, seq)
+    table.insert(all_seqs, id)
+    table.insert(leases, lease)
+    table.insert(leases, id)
+    local pq, tag = string.sub(m, 1, 3), tonumber(string.sub(m, M_TAG, M_SEQ - 1))
+    local top = clocks[ty]
+    if not top then top = {}; clocks[ty] = top end
+    if not top[pq] or tag > top[pq] then top[pq] = tag end
+    local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority', '_ev')
+    local attempt = (tonumber(f[1]) or 0) + 1
+    local ev = (tonumber(f[4]) or 0) + 1 -- the seq of its status event
+    local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
+    redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt,
+      'fence', (tonumber(f[2]) or 0) + 1, 'worker_id', wjson, 'lease_expires_at', lease,
+      'started_at', now, '_cur', cur, '_ev', ev)
+    local priority = f[3] or string.format('%d', 100 - tonumber(pq))
+    prios[priority] = (prios[priority] or 0) + 1
+    event_at(id, ev, 'status',
+      '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
+    out[#out + 1] = read_job(id)
+  end
+  -- A command with the arguments args, 1,000 at a time (unpack has a limit; 1,000 keeps pairs).
+  local function in_chunks(command, key, args)
+    for first = 1, #args, 1000 do
+      redis.call(command, key, unpack(args, first, math.min(#args, first + 999)))
+    end
+  end
+  in_chunks('ZADD', LEASES, leases)
+  in_chunks('ZREM', P .. 'i:s:queued', all_ids)
+  in_chunks('ZADD', P .. 'i:s:processing', all_seqs)
+  for ty, members in pairs(ready_out) do
+    in_chunks('ZREM', rkey(ty), members)
+    in_chunks('ZREM', P .. 'i:st:queued:' .. ty, queued_out[ty])
+    in_chunks('ZADD', P .. 'i:st:processing:' .. ty, processing_in[ty])
+  end
+  for priority, count in pairs(prios) do redis.call('HINCRBY', QPRIO, priority, -count) end
+  -- Claiming moves each queue's clock up to the largest tag claimed from it (never down: a
+  -- released job keeps an older tag). Only that queue's: another type's tenants keep their place.
+  for ty, top in pairs(clocks) do
+    local key = fkey(ty)
+    for pq, tag in pairs(top) do
+      local clock = tonumber(redis.call('HGET', key, pq))
+      if tag > (clock or 0) then redis.call('HSET', key, pq, string.format('%.0f', tag)) end
+    end
+  end
+  return out
+end
+
+-- Hand-off to idle workers. A worker with nothing to do registers in {bb}:idle:<type> (worker
+-- id -> when its registration lapses, in Redis's own time: the clocks of the machines do not
+-- matter) for each type it runs, and in IDLEW (worker id -> {t: its types, j: its id as JSON
+-- text, l: its lease_s}, as JSON). An enqueue that finds one claims the job for it (the claim
+-- it would have made itself) and publishes the job on {bb}:hand:<worker id>, to which the
+-- worker listens: it starts the job without a round trip of its own. A claim by the worker,
+-- a hand-off to it or its leaving ends the registration; a worker that dies stays registered
+-- until it lapses (a job handed to it then runs again when its lease expires).
+local IDLEW = P .. 'idlew'
+local function idlekey(ty) return P .. 'idle:' .. ty end
+
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- End wid's registration; its registration as a table, or nil if it had none.
+local function end_idle(wid)
+  local text = redis.call('HGET', IDLEW, wid)
+  if not text then return nil end
+  redis.call('HDEL', IDLEW, wid)
+  local ok, reg = pcall(cjson.decode, text)
+  if not ok or type(reg) ~= 'table' or type(reg.t) ~= 'table' then return nil end
+  for _, ty in ipairs(reg.t) do redis.call('ZREM', idlekey(ty), wid) end
+  return reg
+end
+
+-- Hand the job a claim of type ty would take next to an idle worker of that type, if one is
+-- registered (now: the caller's clock, which the claim uses like a worker's). True if it did.
+local function hand_off(ty, now)
+  local key = idlekey(ty)
+  -- The registration that lapses last (one command when nobody waits: every busy enqueue).
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #newest == 0 then return false end
+  local clock = redis_now()
+  for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', clock, 'LIMIT', 0, 10)) do
+    end_idle(lapsed) -- dead or gone
+    redis.call('ZREM', key, lapsed)
+  end
+  if tonumber(newest[2]) <= clock then return false end
+  local wid = newest[1]
+  local reg = end_idle(wid)
+  if not reg or type(reg.j) ~= 'string' or not tonumber(reg.l) then return false end
+  local jobs = claim_jobs({ty}, 1, wid, reg.j, now, num(tonumber(now) + tonumber(reg.l)))
+  if #jobs == 0 then return false end
+  redis.call('PUBLISH', P .. 'hand:' .. wid, jobs[1])
+  return true
+end

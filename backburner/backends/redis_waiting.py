@@ -1,0 +1,98 @@
+"""How a Redis worker waits for work: woken by Pub/Sub, or handed a job it did not claim.
+
+A worker that waits registers as idle (``redis_lua/idle.lua``) once its hand-off channel is
+subscribed; an enqueue that finds it claims the job for it and publishes the job on that
+channel (prelude ``hand_off``). The job reaches the worker in the enqueue's own round trip:
+no wake-up, then claim, then reply. Any claim by the worker ends the registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BackendError
+from ..jsoncodec import encode
+from ..models import Job
+from .redis_codec import decode_job, decode_jobs, number
+from .redis_wake import WakeChannel
+
+REGISTRATION_GRACE_S = 2.0
+"""How long an idle registration outlives the wait that made it: a worker that died while
+waiting is handed nothing after this (a job handed to it before runs when its lease ends)."""
+
+
+class RedisWaiting:
+    """``wait_for_jobs`` and ``stop_waiting``."""
+
+    _p: str
+    _wake: WakeChannel | None
+
+    if TYPE_CHECKING:
+
+        async def _run(self, name: str, *args: str | int | float) -> Any: ...
+
+    def _hand_channel(self, worker_id: str) -> str:
+        return f"{self._p}hand:{worker_id}"
+
+    async def wait_for_jobs(
+        self,
+        *,
+        now: float,
+        timeout: float,
+        types: Sequence[str] | None = None,
+        worker_id: str | None = None,
+        lease_s: float = 30.0,
+        on_handed: Callable[[Job], None] | None = None,
+    ) -> list[Job]:
+        if types is not None and not types:
+            await asyncio.sleep(timeout)
+            return []
+        wake = self._wake
+        if wake is None:
+            raise BackendError("the Redis backend is not connected (call connect() first)")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        inbox = None if worker_id is None else await wake.inbox(self._hand_channel(worker_id))
+        with wake.listen(types) as woken:
+            # Subscribed before looking, so nothing enqueued after the look goes unnoticed.
+            if not await wake.ready(timeout):
+                return []
+            if inbox is not None and inbox.docs:
+                return decode_jobs(inbox.take())
+            if inbox is not None and inbox.subscribed.is_set():
+                assert worker_id is not None
+                inbox.notify = woken
+                if on_handed is not None:  # started the moment it arrives: no hop
+                    inbox.deliver = lambda doc: on_handed(decode_job(doc))
+                next_due = await self._run(
+                    "idle",
+                    worker_id,
+                    encode(worker_id),
+                    number(lease_s),
+                    number(timeout + REGISTRATION_GRACE_S),
+                    *(types or ()),
+                )
+            else:  # no hand-off channel (yet): waking is enough
+                next_due = await self._run("next_due", *(types or ()))
+            try:
+                elapsed = loop.time() - started
+                if next_due is not None:
+                    due_in = float(next_due) - now - elapsed if next_due != b"0" else 0.0
+                    timeout = 0.0 if due_in <= 0 else min(timeout, due_in + elapsed)
+                if timeout > elapsed and not (inbox is not None and inbox.docs):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(woken.wait(), timeout - elapsed)
+            finally:
+                if inbox is not None:
+                    inbox.notify = inbox.deliver = None
+        return [] if inbox is None else decode_jobs(inbox.take())
+
+    async def stop_waiting(self, worker_id: str) -> list[Job]:
+        wake = self._wake
+        if wake is None:
+            return []
+        await self._run("unidle", worker_id)
+        return decode_jobs(await wake.close_inbox(self._hand_channel(worker_id)))

@@ -1,0 +1,221 @@
+"""Hand-off on Redis: an enqueue claims the job for a worker waiting idle and sends it to it.
+
+The worker then starts the job without a claim round trip of its own. A claim, a lapse or
+stop_waiting ends the registration; a job handed to a worker that no longer takes it is
+returned by stop_waiting, or handed back by the worker when it has no free slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from backburner import Backburner, JobContext, Settings
+from backburner.backends import redis_waiting
+from backburner.backends.base import Release
+from backburner.backends.redis import RedisBackend
+from backburner.models import JobStatus
+from backburner.worker.runner import Worker
+
+from ..conformance._support import T0, enqueue
+from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[RedisBackend]:
+    require_redis()
+    backend = RedisBackend(REDIS_TEST_URL, prefix="test-" + uuid.uuid4().hex[:12])
+    await backend.connect()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+        await drop_redis_keys(backend)
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[Redis]:
+    client = Redis.from_url(REDIS_TEST_URL)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def registered(raw: Redis, engine: RedisBackend, worker_id: str) -> None:
+    """Until worker_id is registered as idle (polled: the registration is the wait's doing)."""
+    key = "{" + engine.prefix + "}:idlew"
+    for _ in range(500):
+        if await raw.hexists(key, worker_id):
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"{worker_id} never registered as idle")
+
+
+async def test_an_idle_worker_is_handed_the_job_its_enqueue_claims_for_it(
+    engine: RedisBackend, raw: Redis
+) -> None:
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1", lease_s=45)
+    )
+    await registered(raw, engine, "w1")
+    job = await enqueue(engine, now=T0 + 1)
+    handed = await asyncio.wait_for(waiting, 5)
+    assert [h.task_id for h in handed] == [job.task_id]
+    (got,) = handed
+    assert got.status == JobStatus.PROCESSING
+    assert (got.worker_id, got.fence, got.attempts) == ("w1", 1, 1)
+    assert got.lease_expires_at == T0 + 1 + 45
+    assert got == await engine.get(job.task_id)
+    events = await engine.events(job.task_id)
+    assert events[-1].data["status"] == "processing"
+    # Handed once: the registration is over, the next job waits for a claim.
+    later = await enqueue(engine, now=T0 + 2)
+    assert (await engine.get(later.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert await engine.stop_waiting("w1") == []
+
+
+async def test_only_a_worker_of_the_jobs_type_is_handed_it(
+    engine: RedisBackend, raw: Redis
+) -> None:
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["other"], worker_id="w1")
+    )
+    await registered(raw, engine, "w1")
+    job = await enqueue(engine, now=T0 + 1)
+    assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    waiting.cancel()
+    assert await engine.stop_waiting("w1") == []
+
+
+async def test_a_claim_ends_the_registration(engine: RedisBackend, raw: Redis) -> None:
+    first = await engine.wait_for_jobs(now=T0, timeout=0.05, types=["summarize"], worker_id="w1")
+    assert first == []
+    await registered(raw, engine, "w1")  # still registered: the grace outlives the wait
+    assert await engine.claim("w1", limit=5, now=T0, lease_s=30, types=["summarize"]) == []
+    job = await enqueue(engine, now=T0 + 1)
+    assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+
+
+async def test_a_lapsed_registration_is_handed_nothing(
+    engine: RedisBackend, raw: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_waiting, "REGISTRATION_GRACE_S", 0.0)
+    await engine.wait_for_jobs(now=T0, timeout=0.05, types=["summarize"], worker_id="dead")
+    await asyncio.sleep(0.2)  # its registration (0.05 s) has lapsed: it may have died
+    job = await enqueue(engine, now=T0 + 1)
+    assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert not await raw.hexists("{" + engine.prefix + "}:idlew", "dead")
+
+
+async def test_stop_waiting_returns_what_was_handed_and_not_taken(
+    engine: RedisBackend, raw: Redis
+) -> None:
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1")
+    )
+    await registered(raw, engine, "w1")
+    waiting.cancel()  # the worker stops waiting; its registration stands until it says so
+    await asyncio.gather(waiting, return_exceptions=True)
+    job = await enqueue(engine, now=T0 + 1)
+    for _ in range(500):  # the hand-off is on its way to the subscription
+        leftover = await engine.stop_waiting("w1")
+        if leftover:
+            break
+        await asyncio.sleep(0.01)
+    assert [j.task_id for j in leftover] == [job.task_id]
+    await engine.finish(job.task_id, leftover[0].fence, Release(), now=T0 + 2)
+    stored = await engine.get(job.task_id)
+    assert stored is not None and stored.status == JobStatus.QUEUED and stored.attempts == 0
+
+
+def make_app(prefix: str, started: asyncio.Event, release: asyncio.Event) -> Backburner:
+    url = f"{REDIS_TEST_URL}?prefix={prefix}"
+    app = Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+
+    @app.task(max_attempts=1)
+    async def hold(ctx: JobContext) -> str:
+        started.set()
+        await release.wait()
+        return "held"
+
+    @app.task(max_attempts=1)
+    async def quick(ctx: JobContext) -> str:
+        return "quick"
+
+    return app
+
+
+async def test_a_worker_runs_a_handed_job_without_claiming_it() -> None:
+    require_redis()
+    prefix = "test-" + uuid.uuid4().hex[:12]
+    app = make_app(prefix, asyncio.Event(), asyncio.Event())
+    worker = Worker(app, concurrency=2)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        claims: list[int] = []
+        claim = app.backend.claim
+
+        async def counted(*args: object, **kwargs: object) -> object:
+            jobs = await claim(*args, **kwargs)  # type: ignore[arg-type]
+            claims.append(len(jobs))
+            return jobs
+
+        app.backend.claim = counted  # type: ignore[method-assign]
+        backend = app.backend
+        assert isinstance(backend, RedisBackend)
+        client = Redis.from_url(REDIS_TEST_URL)
+        try:
+            await registered(client, backend, worker.worker_id)
+        finally:
+            await client.aclose()
+        job = await app.enqueue("quick")
+        done = await app.wait(job.task_id, timeout=10)
+        assert done.status == JobStatus.COMPLETED and done.result == "quick"
+        assert done.history[-1].worker_id == worker.worker_id
+        assert sum(claims) == 0  # it came by hand-off, not by a claim
+    finally:
+        worker.shutdown()
+        await asyncio.wait_for(running, 20)
+        await app.close()
+        await drop_redis_keys(app.backend)
+
+
+async def test_a_worker_with_no_free_slot_hands_a_handed_job_back() -> None:
+    require_redis()
+    prefix = "test-" + uuid.uuid4().hex[:12]
+    started, release = asyncio.Event(), asyncio.Event()
+    app = make_app(prefix, started, release)
+    worker = Worker(app, concurrency=1)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        await app.enqueue("hold")
+        await asyncio.wait_for(started.wait(), 10)
+        extra = await app.enqueue("quick")
+        (claimed,) = await app.backend.claim(
+            worker.worker_id, limit=1, now=app.clock.now(), lease_s=30, types=["quick"]
+        )
+        worker._take_handed(claimed)  # as if handed while the only slot is busy
+        for _ in range(500):
+            stored = await app.get(extra.task_id)
+            if stored.status == JobStatus.QUEUED:
+                break
+            await asyncio.sleep(0.01)
+        assert stored.status == JobStatus.QUEUED and stored.attempts == 0
+        release.set()
+        done = await app.wait(extra.task_id, timeout=10)
+        assert done.status == JobStatus.COMPLETED
+    finally:
+        release.set()
+        worker.shutdown()
+        await asyncio.wait_for(running, 20)
+        await app.close()
+        await drop_redis_keys(app.backend)
