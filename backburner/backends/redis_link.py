@@ -1,7 +1,7 @@
-"""Pipelined commands to Redis over one connection, however many coroutines send them.
+"""Pipelined commands to Redis over two connections, however many coroutines send them.
 
 A worker holding 10,000 jobs may finish hundreds of them in one event-loop turn. One connection
-per in-flight command would open thousands of sockets; instead every command is written to one
+per in-flight command would open thousands of sockets; instead every command is written to a
 connection the moment it is sent (the commands of one event-loop turn leave in one write), and
 a reader task hands each reply to its caller in order. Nothing in between: a command costs its
 caller no task switch but the one for its reply. Each command is still applied on its own
@@ -96,9 +96,9 @@ class _Pipe:
         if not self.alive:
             future.set_exception(BackendConnectionError(f"Redis at {self.where}: connection lost"))
             return future
+        data = pack_command(args)  # first: a command that cannot be packed takes no reply
         idle = not self.waiting
         self.waiting.append(future)
-        data = pack_command(args)
         if idle:
             self._progress = self._loop.time()
         if idle and not self._out:
@@ -202,14 +202,17 @@ class _Lane:
     async def _usable_pipe(self) -> _Pipe:
         if not self._link.started:
             raise BackendError("the Redis backend is not connected (call connect() first)")
-        if self._opening is None:
-            self._opening = asyncio.ensure_future(self._open())
         opening = self._opening
-        try:
-            return await asyncio.shield(opening)
-        finally:
-            if opening.done() and self._opening is opening:
-                self._opening = None
+        if opening is None:
+            opening = self._opening = asyncio.ensure_future(self._open())
+            opening.add_done_callback(self._opened)
+        return await asyncio.shield(opening)
+
+    def _opened(self, opening: asyncio.Future[_Pipe]) -> None:
+        if self._opening is opening:
+            self._opening = None
+        if not opening.cancelled():
+            opening.exception()  # retrieved: a failure is each waiter's to see, not a warning
 
     async def _open(self) -> _Pipe:
         pipe = self.pipe

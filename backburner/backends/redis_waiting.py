@@ -62,22 +62,24 @@ class RedisWaiting:
                 return []
             if inbox is not None and inbox.docs:
                 return decode_jobs(inbox.take())
-            if inbox is not None and inbox.subscribed.is_set():
-                assert worker_id is not None
-                inbox.notify = woken
-                if on_handed is not None:  # started the moment it arrives: no hop
-                    inbox.deliver = lambda doc: on_handed(decode_job(doc))
-                next_due = await self._run(
-                    "idle",
-                    worker_id,
-                    encode(worker_id),
-                    number(lease_s),
-                    number(timeout + REGISTRATION_GRACE_S),
-                    *(types or ()),
-                )
-            else:  # no hand-off channel (yet): waking is enough
-                next_due = await self._run("next_due", *(types or ()))
+            if inbox is not None and on_handed is not None:
+                # Started the moment it arrives, now or after this wait (the registration may
+                # outlive it): never left waiting in the inbox while its lease runs.
+                inbox.deliver = lambda doc: on_handed(decode_job(doc))
             try:
+                if inbox is not None and inbox.subscribed.is_set():
+                    assert worker_id is not None
+                    inbox.notify = woken
+                    next_due = await self._run(
+                        "idle",
+                        worker_id,
+                        encode(worker_id),
+                        number(lease_s),
+                        number(timeout + REGISTRATION_GRACE_S),
+                        *(types or ()),
+                    )
+                else:  # no hand-off channel (yet): waking is enough
+                    next_due = await self._run("next_due", *(types or ()))
                 elapsed = loop.time() - started
                 if next_due is not None:
                     due_in = float(next_due) - now - elapsed if next_due != b"0" else 0.0
@@ -87,12 +89,15 @@ class RedisWaiting:
                         await asyncio.wait_for(woken.wait(), timeout - elapsed)
             finally:
                 if inbox is not None:
-                    inbox.notify = inbox.deliver = None
+                    inbox.notify = None
         return [] if inbox is None else decode_jobs(inbox.take())
 
     async def stop_waiting(self, worker_id: str) -> list[Job]:
         wake = self._wake
         if wake is None:
             return []
-        await self._run("unidle", worker_id)
-        return decode_jobs(await wake.close_inbox(self._hand_channel(worker_id)))
+        try:
+            await self._run("unidle", worker_id)
+        finally:  # (a registration left behind lapses by itself)
+            docs = await wake.close_inbox(self._hand_channel(worker_id))
+        return decode_jobs(docs)

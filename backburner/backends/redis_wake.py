@@ -39,6 +39,7 @@ class Inbox:
     channel: bytes
     docs: list[bytes] = field(default_factory=list)
     subscribed: asyncio.Event = field(default_factory=asyncio.Event)
+    unsubscribed: asyncio.Event = field(default_factory=asyncio.Event)
     notify: asyncio.Event | None = None
     """Set when a job arrives (the event of the worker's wait in progress, if any)."""
     deliver: Callable[[bytes], None] | None = None
@@ -91,13 +92,21 @@ class WakeChannel:
 
     async def close_inbox(self, channel: str) -> list[bytes]:
         """Stop listening on a hand-off channel; the jobs that came and were not taken."""
-        inbox = self._inboxes.pop(channel.encode(), None)
+        key = channel.encode()
+        inbox = self._inboxes.get(key)
         if inbox is None:
             return []
         connection = self._dedicated.connection
-        if connection is not None and self._subscribed.is_set():
-            with contextlib.suppress(RedisError, OSError):
-                await self._send(connection, "UNSUBSCRIBE", inbox.channel)
+        if connection is not None and inbox.subscribed.is_set():
+            try:
+                await self._send(connection, "UNSUBSCRIBE", key)
+            except (RedisError, OSError):
+                pass
+            else:
+                # One connection: what was published before arrives before the confirmation.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(inbox.unsubscribed.wait(), 2.0)
+        self._inboxes.pop(key, None)
         return inbox.take()
 
     @staticmethod
@@ -140,6 +149,8 @@ class WakeChannel:
                     inbox = self._inboxes.get(channel)
                     if inbox is not None:
                         self._arrived(inbox, data)
+                elif kind == b"unsubscribe" and channel in self._inboxes:
+                    self._inboxes[channel].unsubscribed.set()
                 elif kind == b"subscribe":
                     if channel == main:
                         self._subscribed.set()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,19 +12,6 @@ from backburner.backends.redis import RedisBackend
 from backburner.models import Job, Progress
 
 from ..conformance._support import T0, claim_one, enqueue, error
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[RedisBackend]:
-    require_redis()
-    backend = RedisBackend(REDIS_TEST_URL, prefix="test-" + uuid.uuid4().hex[:12])
-    await backend.connect()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-        await drop_redis_keys(backend)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -27,44 +26,23 @@ from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def engine() -> AsyncIterator[RedisBackend]:
-    require_redis()
-    backend = RedisBackend(REDIS_TEST_URL, prefix="test-" + uuid.uuid4().hex[:12])
-    await backend.connect()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-        await drop_redis_keys(backend)
-
-
-@pytest.fixture
-async def raw() -> AsyncIterator[Redis]:
-    client = Redis.from_url(REDIS_TEST_URL)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-async def registered(raw: Redis, engine: RedisBackend, worker_id: str) -> None:
+async def registered(client: Redis, engine: RedisBackend, worker_id: str) -> None:
     """Until worker_id is registered as idle (polled: the registration is the wait's doing)."""
     key = "{" + engine.prefix + "}:idlew"
     for _ in range(500):
-        if await raw.hexists(key, worker_id):
+        if await client.hexists(key, worker_id):
             return
         await asyncio.sleep(0.01)
     pytest.fail(f"{worker_id} never registered as idle")
 
 
 async def test_an_idle_worker_is_handed_the_job_its_enqueue_claims_for_it(
-    engine: RedisBackend, raw: Redis
+    engine: RedisBackend, client: Redis
 ) -> None:
     waiting = asyncio.create_task(
         engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1", lease_s=45)
     )
-    await registered(raw, engine, "w1")
+    await registered(client, engine, "w1")
     job = await enqueue(engine, now=T0 + 1)
     handed = await asyncio.wait_for(waiting, 5)
     assert [h.task_id for h in handed] == [job.task_id]
@@ -82,57 +60,121 @@ async def test_an_idle_worker_is_handed_the_job_its_enqueue_claims_for_it(
 
 
 async def test_only_a_worker_of_the_jobs_type_is_handed_it(
-    engine: RedisBackend, raw: Redis
+    engine: RedisBackend, client: Redis
 ) -> None:
     waiting = asyncio.create_task(
         engine.wait_for_jobs(now=T0, timeout=10.0, types=["other"], worker_id="w1")
     )
-    await registered(raw, engine, "w1")
+    await registered(client, engine, "w1")
     job = await enqueue(engine, now=T0 + 1)
     assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
     waiting.cancel()
     assert await engine.stop_waiting("w1") == []
 
 
-async def test_a_claim_ends_the_registration(engine: RedisBackend, raw: Redis) -> None:
+async def test_a_claim_ends_the_registration(engine: RedisBackend, client: Redis) -> None:
     first = await engine.wait_for_jobs(now=T0, timeout=0.05, types=["summarize"], worker_id="w1")
     assert first == []
-    await registered(raw, engine, "w1")  # still registered: the grace outlives the wait
+    await registered(client, engine, "w1")  # still registered: the grace outlives the wait
     assert await engine.claim("w1", limit=5, now=T0, lease_s=30, types=["summarize"]) == []
     job = await enqueue(engine, now=T0 + 1)
     assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
 
 
 async def test_a_lapsed_registration_is_handed_nothing(
-    engine: RedisBackend, raw: Redis, monkeypatch: pytest.MonkeyPatch
+    engine: RedisBackend, client: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_waiting, "REGISTRATION_GRACE_S", 0.0)
     await engine.wait_for_jobs(now=T0, timeout=0.05, types=["summarize"], worker_id="dead")
     await asyncio.sleep(0.2)  # its registration (0.05 s) has lapsed: it may have died
     job = await enqueue(engine, now=T0 + 1)
     assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
-    assert not await raw.hexists("{" + engine.prefix + "}:idlew", "dead")
+    assert not await client.hexists("{" + engine.prefix + "}:idlew", "dead")
 
 
 async def test_stop_waiting_returns_what_was_handed_and_not_taken(
-    engine: RedisBackend, raw: Redis
+    engine: RedisBackend, client: Redis
 ) -> None:
     waiting = asyncio.create_task(
         engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1")
     )
-    await registered(raw, engine, "w1")
+    await registered(client, engine, "w1")
     waiting.cancel()  # the worker stops waiting; its registration stands until it says so
     await asyncio.gather(waiting, return_exceptions=True)
     job = await enqueue(engine, now=T0 + 1)
-    for _ in range(500):  # the hand-off is on its way to the subscription
-        leftover = await engine.stop_waiting("w1")
-        if leftover:
-            break
-        await asyncio.sleep(0.01)
+    stored = await engine.get(job.task_id)
+    assert stored is not None and stored.status == JobStatus.PROCESSING  # handed to w1
+    # Published before stop_waiting's unsubscribe, so it arrives before the confirmation.
+    leftover = await engine.stop_waiting("w1")
     assert [j.task_id for j in leftover] == [job.task_id]
     await engine.finish(job.task_id, leftover[0].fence, Release(), now=T0 + 2)
     stored = await engine.get(job.task_id)
     assert stored is not None and stored.status == JobStatus.QUEUED and stored.attempts == 0
+
+
+async def test_a_job_handed_after_the_wait_ended_still_reaches_the_worker(
+    engine: RedisBackend, client: Redis
+) -> None:
+    handed: list[str] = []
+    returned = await engine.wait_for_jobs(
+        now=T0,
+        timeout=0.05,
+        types=["summarize"],
+        worker_id="w1",
+        on_handed=lambda job: handed.append(job.task_id),
+    )
+    assert returned == []
+    await registered(client, engine, "w1")  # the registration outlives the wait
+    job = await enqueue(engine, now=T0 + 1)
+    for _ in range(500):
+        if handed:
+            break
+        await asyncio.sleep(0.01)
+    assert handed == [job.task_id]  # delivered, not parked where no wait may look
+    assert await engine.stop_waiting("w1") == []
+
+
+async def test_a_worker_that_is_not_listening_is_handed_nothing(
+    engine: RedisBackend, client: Redis
+) -> None:
+    # Registered (as idle.lua does) but never subscribed: its connection dropped, say.
+    await engine._run("idle", "ghost", '"ghost"', 30, 30, "summarize")
+    await registered(client, engine, "ghost")
+    job = await enqueue(engine, now=T0 + 1)
+    assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert not await client.hexists("{" + engine.prefix + "}:idlew", "ghost")
+
+
+async def test_a_due_delayed_job_goes_first(engine: RedisBackend, client: Redis) -> None:
+    # Due before the next enqueue, and ahead of it once a claim moves it in (priority 5).
+    delayed = await enqueue(engine, now=T0, run_at=T0 + 1, priority=5)
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1")
+    )
+    await registered(client, engine, "w1")
+    job = await enqueue(engine, now=T0 + 2)
+    assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert await asyncio.wait_for(waiting, 5) == []  # woken to claim instead
+    claimed = await engine.claim("w1", limit=1, now=T0 + 2, lease_s=30, types=["summarize"])
+    assert [c.task_id for c in claimed] == [delayed.task_id]
+
+
+async def test_ready_work_of_its_other_types_goes_first(
+    engine: RedisBackend, client: Redis
+) -> None:
+    other = await enqueue(engine, "other", now=T0)
+    (running,) = await engine.claim("w9", limit=1, now=T0, lease_s=30, types=["other"])
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["other", "summarize"], worker_id="w1")
+    )
+    await registered(client, engine, "w1")
+    # Back in its queue by a release (which wakes workers, it hands nothing off).
+    await engine.finish(other.task_id, running.fence, Release(), now=T0 + 1)
+    await asyncio.wait_for(waiting, 5)
+    await registered(client, engine, "w1")  # the registration outlives the wait
+    job = await enqueue(engine, now=T0 + 2)
+    assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert await engine.stop_waiting("w1") == []
 
 
 def make_app(prefix: str, started: asyncio.Event, release: asyncio.Event) -> Backburner:

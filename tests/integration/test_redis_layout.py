@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,31 +15,9 @@ from backburner.errors import BackendError, QuotaExceededError
 from backburner.models import ErrorInfo, JobStatus, WebhookAttempt, WebhookStatus
 
 from ..conformance._support import T0, claim_one, enqueue, error, new_job
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
 from .test_redis_upgrade import dump
 
 GRACE = 3600  # redis_lua/prelude.lua: keys outlive expires_at by this much
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[RedisBackend]:
-    require_redis()
-    backend = RedisBackend(REDIS_TEST_URL, prefix="test-" + uuid.uuid4().hex[:12])
-    await backend.connect()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-        await drop_redis_keys(backend)
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[Redis]:
-    connection = Redis.from_url(REDIS_TEST_URL)
-    try:
-        yield connection
-    finally:
-        await connection.aclose()
 
 
 async def keys_of(client: Redis, prefix: str) -> list[str]:

@@ -38,16 +38,6 @@ GRACE = 3600  # 024d13c redis_lua/prelude.lua
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[Redis]:
-    require_redis()
-    connection = Redis.from_url(REDIS_TEST_URL)
-    try:
-        yield connection
-    finally:
-        await connection.aclose()
-
-
-@pytest.fixture
 async def prefix() -> AsyncIterator[str]:
     require_redis()
     name = "test-upgrade-" + uuid.uuid4().hex[:12]

@@ -98,10 +98,12 @@ async def test_concurrent_callers_each_get_their_own_reply_over_few_connections(
 
 async def test_a_cancelled_caller_does_not_shift_the_replies_of_the_others() -> None:
     require_redis()
-    async with linked(REDIS_TEST_URL) as link:
+    async with linked(REDIS_TEST_URL, connections=1) as link:
+        assert await link.call("PING") == b"PONG"  # open: a command is written when sent
         abandoned = asyncio.create_task(link.call("ECHO", "abandoned", read_only=True))
-        await asyncio.sleep(0)  # sent
+        await asyncio.sleep(0)  # written
         abandoned.cancel()
+        assert link._lanes[0].load() == 1  # its reply is still to come
         assert await link.call("ECHO", "mine", read_only=True) == b"mine"
         assert abandoned.cancelled()
 

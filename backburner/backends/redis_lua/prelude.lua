@@ -493,7 +493,8 @@ local function end_idle(wid)
 end
 
 -- Hand the job a claim of type ty would take next to an idle worker of that type, if one is
--- registered (now: the caller's clock, which the claim uses like a worker's). True if it did.
+-- registered and listening (now: the caller's clock, which the claim uses like a worker's);
+-- the worker registered last gets it. True if it did.
 local function hand_off(ty, now)
   local key = idlekey(ty)
   -- The registration that lapses last (one command when nobody waits: every busy enqueue).
@@ -506,10 +507,27 @@ local function hand_off(ty, now)
   end
   if tonumber(newest[2]) <= clock then return false end
   local wid = newest[1]
-  local reg = end_idle(wid)
-  if not reg or type(reg.j) ~= 'string' or not tonumber(reg.l) then return false end
+  local channel = P .. 'hand:' .. wid
+  -- Not listening (its connection dropped, it died): a job published to it would be lost.
+  if tonumber(redis.call('PUBSUB', 'NUMSUB', channel)[2]) == 0 then
+    end_idle(wid)
+    return false
+  end
+  local ok, reg = pcall(cjson.decode, redis.call('HGET', IDLEW, wid) or '')
+  if not ok or type(reg) ~= 'table' or type(reg.t) ~= 'table' or type(reg.j) ~= 'string'
+    or not tonumber(reg.l) then
+    end_idle(wid)
+    return false
+  end
+  -- Its own claim would take the head of all its types' queues, after moving due delayed jobs
+  -- in: hand it this queue's head only when nothing else could come first (else it is woken).
+  if #redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1) > 0 then return false end
+  for _, other in ipairs(reg.t) do
+    if other ~= ty and redis.call('ZCARD', rkey(other)) > 0 then return false end
+  end
+  end_idle(wid)
   local jobs = claim_jobs({ty}, 1, wid, reg.j, now, num(tonumber(now) + tonumber(reg.l)))
   if #jobs == 0 then return false end
-  redis.call('PUBLISH', P .. 'hand:' .. wid, jobs[1])
+  redis.call('PUBLISH', channel, jobs[1])
   return true
 end
