@@ -65,8 +65,7 @@ class WakeChannel:
     @contextlib.contextmanager
     def listen(self, types: Sequence[str] | None) -> Iterator[asyncio.Event]:
         """An event set when a job of one of ``types`` (None: any) may be claimable."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._receive(), name="backburner:redis-wake")
+        self._receiving()
         wanted = None if types is None else frozenset(t.encode() for t in types)
         listener = _Listener(wanted)
         self._listeners.add(listener)
@@ -78,8 +77,7 @@ class WakeChannel:
     async def inbox(self, channel: str) -> Inbox:
         """The inbox of a worker's hand-off channel, subscribed to from now on (until
         ``close_inbox``); wait for ``inbox.subscribed`` before anyone may publish to it."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._receive(), name="backburner:redis-wake")
+        self._receiving()
         key = channel.encode()
         inbox = self._inboxes.get(key)
         if inbox is None:
@@ -112,6 +110,10 @@ class WakeChannel:
     @staticmethod
     async def _send(connection: AbstractConnection, *command: str | bytes) -> None:
         await connection.send_packed_command(pack([command]), check_health=False)
+
+    def _receiving(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._receive(), name="backburner:redis-wake")
 
     async def ready(self, timeout: float) -> bool:
         """Wait until the subscription is live; False if it is not within ``timeout``."""

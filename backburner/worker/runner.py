@@ -172,12 +172,13 @@ class Worker:
             self._handing_back = {t for t in self._handing_back if not t.done()}
 
     async def _hand_back(self, job: Job) -> None:
+        """Put a job we hold back in the queue at its place, its attempt not counted."""
         try:
             await self.app.backend.finish(
                 job.task_id, job.fence, Release(), now=self.app.clock.now()
             )
         except LeaseLostError:
-            pass
+            pass  # its own task got there first, or the job was cancelled
         except BackburnerError as exc:
             log.warning("job %s: not handed back (%s); its lease will expire", job.task_id, exc)
 
@@ -245,15 +246,7 @@ class Worker:
         await asyncio.wait(tasks, timeout=1.0)
 
     async def _release(self, attempt: Attempt) -> None:
-        job = attempt.job
-        try:
-            await self.app.backend.finish(
-                job.task_id, job.fence, Release(), now=self.app.clock.now()
-            )
-        except LeaseLostError:
-            pass  # its own task got there first, or the job was cancelled
-        except BackburnerError as exc:
-            log.warning("job %s: not handed back (%s); its lease will expire", job.task_id, exc)
+        await self._hand_back(attempt.job)
         attempt.settled = True
 
     async def _wait_or_force(
