@@ -76,17 +76,22 @@ class _Pipe:
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self._loop = asyncio.get_running_loop()
         self.last_active = self._loop.time()
-        # The streams redis-py opened (and authenticated, selected the db on, wrapped in TLS).
-        self._stream = connection._reader
-        self._writer = connection._writer
         self._parser = hiredis.Reader(replyError=_reply_error)
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._progress = self.last_active
         """When the oldest unanswered command was sent, or a reply last came."""
-        self.reader = asyncio.create_task(self._read_forever(), name="backburner:redis-reader")
+        # redis-py opened the connection (authenticated, selected the db, wrapped it in TLS);
+        # from here its transport hands the bytes straight to us: no stream and no reader
+        # task in between, so a reply reaches its caller one loop turn sooner.
+        assert connection._writer is not None and connection._reader is not None
+        self._transport = connection._writer.transport
+        leftover = bytes(connection._reader._buffer)  # type: ignore[attr-defined]
+        self._transport.set_protocol(_Replies(self))
         self._watch_every = min(1.0, reply_timeout_s / 2)
         self._watchdog = self._loop.call_later(self._watch_every, self._watch)
+        if leftover:
+            self.received(leftover)
 
     def idle_too_long(self) -> bool:
         return self._loop.time() - self.last_active > IDLE_CHECK_S
@@ -118,36 +123,30 @@ class _Pipe:
             self._write(b"".join(out))
 
     def _write(self, data: bytes) -> None:
-        assert self._writer is not None
-        self._writer.write(data)
+        self._transport.write(data)
         self.last_active = self._loop.time()
 
-    async def _read_forever(self) -> None:
-        assert self._stream is not None
-        read, feed, gets = self._stream.read, self._parser.feed, self._parser.gets
-        waiting, loop = self.waiting, self._loop
+    def received(self, data: bytes) -> None:
+        """Bytes from Redis: each whole reply goes to the oldest caller waiting."""
+        if not self.alive:
+            return
+        parser, waiting = self._parser, self.waiting
         try:
-            while True:
-                data = await read(1 << 16)
-                if not data:
-                    raise ConnectionError("Redis closed the connection")
-                feed(data)
-                while (reply := gets()) is not False:
-                    future = waiting.popleft()
-                    if future.done():  # its caller was cancelled; the command ran all the same
-                        continue
-                    if isinstance(reply, NoScriptError):
-                        future.set_exception(reply)
-                    elif isinstance(reply, ResponseError):
-                        future.set_exception(BackendError(f"Redis refused a command: {reply}"))
-                    else:
-                        future.set_result(reply)
-                self.last_active = self._progress = loop.time()
-        except asyncio.CancelledError:
-            self.fail(BackendError("the Redis backend is closed"))
-            raise
-        except (RedisError, OSError, hiredis.ProtocolError, IndexError) as exc:
+            parser.feed(data)
+            while (reply := parser.gets()) is not False:
+                future = waiting.popleft()
+                if future.done():  # its caller was cancelled; the command ran all the same
+                    continue
+                if isinstance(reply, NoScriptError):
+                    future.set_exception(reply)
+                elif isinstance(reply, ResponseError):
+                    future.set_exception(BackendError(f"Redis refused a command: {reply}"))
+                else:
+                    future.set_result(reply)
+        except (hiredis.ProtocolError, IndexError) as exc:
             self.fail(BackendConnectionError(f"Redis at {self.where}: {exc}"))
+            return
+        self.last_active = self._progress = self._loop.time()
 
     def _watch(self) -> None:
         # A timer, not a timeout around every read: a read costs nothing extra this way.
@@ -164,6 +163,8 @@ class _Pipe:
 
     def fail(self, error: Exception) -> None:
         """Drop the connection; every command not yet answered fails with ``error``."""
+        if not self.alive:
+            return
         self.alive = False
         self._watchdog.cancel()
         self._out = []
@@ -172,13 +173,28 @@ class _Pipe:
         for future in waiting:
             if not future.done():
                 future.set_exception(error)
-        if self._writer is not None:
-            self._writer.close()
+        self._transport.close()
 
     async def close(self) -> None:
-        self.reader.cancel()
-        await asyncio.gather(self.reader, return_exceptions=True)
         self.fail(BackendError("the Redis backend is closed"))
+
+
+class _Replies(asyncio.Protocol):
+    """The connection's protocol once a _Pipe owns it: bytes in, replies out."""
+
+    def __init__(self, pipe: _Pipe) -> None:
+        self._pipe = pipe
+
+    def data_received(self, data: bytes) -> None:
+        self._pipe.received(data)
+
+    def eof_received(self) -> bool:
+        self._pipe.fail(BackendConnectionError(f"Redis at {self._pipe.where}: connection closed"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = exc or "Redis closed the connection"
+        self._pipe.fail(BackendConnectionError(f"Redis at {self._pipe.where}: {reason}"))
 
 
 class _Lane:
