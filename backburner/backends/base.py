@@ -222,6 +222,19 @@ class Wait:
 Outcome = Complete | Fail | RetryAt | Release | Wait
 
 
+@dataclass(slots=True)
+class NextClaim:
+    """A claim a worker asks ``finish`` to make for it in the same step, to fill the slot the
+    finished attempt frees (``claim``'s arguments). A backend that does puts the jobs it
+    claimed in ``jobs``; one that does not leaves it empty, and the worker claims itself."""
+
+    worker_id: str
+    lease_s: float
+    types: Sequence[str] | None = None
+    limit: int = 1
+    jobs: list[Job] = field(default_factory=list)
+
+
 @dataclass(frozen=True, slots=True)
 class Page:
     """One page of a job listing; pass ``next_cursor`` back to read the next page."""
@@ -368,6 +381,7 @@ class Backend(Protocol):
         now: float,
         only_if_lease_expired: bool = False,
         claimed: Job | None = None,
+        then_claim: NextClaim | None = None,
     ) -> Job:
         """Apply an attempt's outcome atomically: state, history, events, expiry.
 
@@ -382,6 +396,10 @@ class Backend(Protocol):
 
         ``claimed`` is the job as the caller claimed it (claim's reply, for this fence); a
         backend may use it to build the returned Job without reading it back.
+
+        ``then_claim``: a backend may also claim for the worker, in the same step and as
+        ``claim`` would, and put those jobs in ``then_claim.jobs`` (only if the outcome was
+        applied). It saves a worker that is busy a claim's round trip per job.
         """
         ...
 

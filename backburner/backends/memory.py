@@ -39,6 +39,7 @@ from .base import (
     Complete,
     Fail,
     NewJob,
+    NextClaim,
     Outcome,
     Page,
     Quota,
@@ -353,6 +354,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         now: float,
         only_if_lease_expired: bool = False,
         claimed: Job | None = None,
+        then_claim: NextClaim | None = None,
     ) -> Job:
         stored = self._held(task_id, fence)
         job = stored.job

@@ -37,6 +37,7 @@ from .base import (
     Complete,
     Fail,
     NewJob,
+    NextClaim,
     Outcome,
     Quota,
     Release,
@@ -45,6 +46,7 @@ from .base import (
     check_slot_args,
 )
 from .outbox import new_msg_id
+from .redis_batch import ScriptBatcher
 from .redis_codec import (
     decode_job,
     decode_jobs,
@@ -55,7 +57,7 @@ from .redis_codec import (
 )
 from .redis_link import RedisLink, Script
 from .redis_reads import READ_SCRIPTS, RedisReads, text
-from .redis_scripts import load_script
+from .redis_scripts import BATCH_SUFFIX, load_batched_script, load_script
 from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
 from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
@@ -103,8 +105,17 @@ _SAFE_TO_REPEAT = frozenset(
 twice)."""
 
 
+_BATCHED = {"enqueue": (None, 200), "finish": ("finish_many", 32)}
+"""The scripts a process calls many times in one loop turn: each has a batch form (made by
+load_batched_script with this main script), of at most so many calls. Finishes go in smaller
+batches: a worker runs the jobs of one batch's next claims while Redis works on the next."""
+
+
 def _load_scripts() -> dict[str, Script]:
-    return {name: load_script(name) for name in _SCRIPTS}
+    scripts = {name: load_script(name) for name in _SCRIPTS}
+    for name, (main, _) in _BATCHED.items():
+        scripts[name + BATCH_SUFFIX] = load_batched_script(name, main)
+    return scripts
 
 
 def _webhook_event(outcome: Outcome) -> str:
@@ -114,6 +125,20 @@ def _webhook_event(outcome: Outcome) -> str:
     if isinstance(outcome, Fail):
         return WEBHOOK_EVENTS[JobStatus.FAILED]
     return ""
+
+
+def _next_claim_arg(then_claim: NextClaim, now: float) -> str:
+    """finish.lua's next-claim argument: the claim's worker, lease end, types and limit."""
+    types = None if then_claim.types is None else list(then_claim.types)
+    return json.dumps(
+        {
+            "w": then_claim.worker_id,
+            "j": encode(then_claim.worker_id),
+            "l": number(now + then_claim.lease_s),
+            "t": types,
+            "n": then_claim.limit,
+        }
+    )
 
 
 def _finished(
@@ -171,6 +196,17 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         parts = urlsplit(url)
         self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
         self._scripts = _load_scripts()
+        self._batchers = {
+            name: ScriptBatcher(
+                self._conn,
+                self._scripts[name],
+                self._scripts[name + BATCH_SUFFIX],
+                (self._tag_key,),
+                self._p,
+                max_batch=max_batch,
+            )
+            for name, (_, max_batch) in _BATCHED.items()
+        }
         self._pool: Any = None
         self._blocking_pool: Any = None
         self._link: RedisLink | None = None
@@ -250,6 +286,10 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             read_only=name in _SAFE_TO_REPEAT,
         )
 
+    async def _run_batched(self, name: str, *args: str | int | float) -> Any:
+        """Like _run, in one Redis call with the other calls of this loop turn."""
+        return await self._batchers[name].call(args)
+
     async def _read(self, *command: str | int | float) -> Any:
         return await self._conn().call(*command, read_only=True)
 
@@ -261,7 +301,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         max_in_flight = per_minute = None
         if quota is not None:
             max_in_flight, per_minute = quota.max_in_flight, quota.per_minute
-        reply = await self._run(
+        reply = await self._run_batched(
             "enqueue",
             job.task_id,
             job.type,
@@ -370,6 +410,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         now: float,
         only_if_lease_expired: bool = False,
         claimed: Job | None = None,
+        then_claim: NextClaim | None = None,
     ) -> Job:
         try:
             details = self._outcome_args(outcome, now)
@@ -384,7 +425,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             == (task_id, fence, JobStatus.PROCESSING)
         ):
             claimed = None
-        reply = await self._run(
+        reply = await self._run_batched(
             "finish",
             task_id,
             fence,
@@ -395,10 +436,13 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             "" if claimed is not None and claimed.webhook_url is None else new_msg_id(),
             _webhook_event(outcome),
             "1" if claimed is None else "0",
+            "" if then_claim is None else _next_claim_arg(then_claim, now),
             *details,
         )
         if reply[0] != b"ok":
             raise LeaseLostError(task_id, fence)
+        if then_claim is not None and reply[-1]:
+            then_claim.jobs.extend(decode_jobs(reply[-1]))
         if claimed is None:
             return decode_job(reply[1])
         assert isinstance(outcome, Complete | Fail)

@@ -62,3 +62,37 @@ def load_script(name: str) -> Script:
     prelude = folder.joinpath("prelude.lua").read_text()
     body = folder.joinpath(f"{name}.lua").read_text()
     return Script(name, trim_prelude(prelude, body) + body)
+
+
+BATCH_SUFFIX = "_many"
+
+_BATCH_MAIN = """
+-- The batch form: ARGV is P, n, then n groups of (their length, the script's ARGV after P).
+local out, at = {}, 3
+for k = 1, tonumber(ARGV[2]) do
+  local n = tonumber(ARGV[at])
+  local args = {ARGV[1]}
+  for x = 1, n do args[x + 1] = ARGV[at + x] end
+  out[k] = one(args) or false
+  at = at + n + 1
+end
+return out
+"""
+
+
+def load_batched_script(name: str, main: str | None = None) -> Script:
+    """``redis_lua/<name>.lua`` run once per group of arguments, in one call (``<name>_many``):
+    the script's body becomes a function of its own ARGV; the replies come back as a list, a
+    refusal (error reply) in its place. Each group is applied in turn, atomically as a whole.
+
+    Only for scripts whose prelude helpers do not read the global ARGV (``types_from`` does).
+    ``main``: the name of a script of its own that calls ``one`` for the groups instead."""
+    folder = resources.files(__package__).joinpath("redis_lua")
+    prelude = folder.joinpath("prelude.lua").read_text()
+    body = folder.joinpath(f"{name}.lua").read_text()
+    main_text = _BATCH_MAIN if main is None else folder.joinpath(f"{main}.lua").read_text()
+    kept = trim_prelude(prelude, body + main_text)
+    if "types_from" in _names(kept + body):
+        raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
+    source = kept + "local function one(ARGV)\n" + body + "\nend\n" + main_text
+    return Script(name + BATCH_SUFFIX, source)

@@ -29,6 +29,7 @@ from ..jsoncodec import encode
 from ..models import ErrorInfo, Event, Job, JobStatus, Progress
 from .base import (
     NewJob,
+    NextClaim,
     Outcome,
     Quota,
     RetryAt,
@@ -361,6 +362,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
         now: float,
         only_if_lease_expired: bool = False,
         claimed: Job | None = None,
+        then_claim: NextClaim | None = None,
     ) -> Job:
         guard = "task_id = :task_id AND fence = :fence AND status = 'processing'"
         if only_if_lease_expired:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..backends.base import Complete, Fail, Outcome, Release, RetryAt, Wait
+from ..backends.base import Complete, Fail, NextClaim, Outcome, Release, RetryAt, Wait
 from ..context import JobContext, activate
 from ..errors import BackendError, InvalidInputError, LeaseLostError, Suspend
 from ..models import ErrorInfo, Job
@@ -35,6 +35,8 @@ class Attempt:
     """Why the worker cancelled it: SHUTDOWN, CANCELLED or LEASE_LOST."""
     settled: bool = False
     """True once its outcome is stored, or once nothing may be stored for it any more."""
+    refill: NextClaim | None = None
+    """The claim to make with its outcome, for the slot it frees (None: none)."""
 
 
 class _FailNowError(Exception):
@@ -177,7 +179,12 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
     while True:
         try:
             stored = await app.backend.finish(
-                job.task_id, job.fence, outcome, now=app.clock.now(), claimed=job
+                job.task_id,
+                job.fence,
+                outcome,
+                now=app.clock.now(),
+                claimed=job,
+                then_claim=attempt.refill,
             )
             break
         except LeaseLostError:

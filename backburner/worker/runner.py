@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import Release
+from ..backends.base import NextClaim, Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
 from ..webhooks.alerts import DeadLetterAlerts
@@ -55,6 +55,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._last_beat = time.monotonic()
         self._handing_back: set[asyncio.Task[None]] = set()
+        self._types = sorted(app.tasks)
         self.dispatcher = WebhookDispatcher(app)
         """Delivers the webhook outbox while this worker runs."""
 
@@ -68,6 +69,8 @@ class Worker:
         else:
             log.info("shutting down: no new jobs; %d running", len(self.running))
             self._stopping.set()
+            for attempt in self.running.values():
+                attempt.refill = None  # (one already asked for is handed back as it comes)
 
     def cancel_local(self, task_id: str, fence: int, reason: str = CANCELLED) -> bool:
         """Cancel the asyncio task running ``task_id`` under ``fence``, if it runs here."""
@@ -186,7 +189,7 @@ class Worker:
         settings = self.settings
         backend = self.app.backend
         clock = self.app.clock
-        types = sorted(self.app.tasks)
+        types = self._types = sorted(self.app.tasks)
         failures = 0
         while not self._stopping.is_set():
             free = self.concurrency - len(self.running)
@@ -266,15 +269,25 @@ class Worker:
 
     def _start(self, job: Job) -> None:
         key = (job.task_id, job.fence)
-        attempt = Attempt(job, registered=time.monotonic())
+        # Its outcome's write claims the job that takes its slot next: while the queue has
+        # work, a busy worker makes no claims of its own.
+        refill = None
+        if not self._stopping.is_set():
+            refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
+        attempt = Attempt(job, registered=time.monotonic(), refill=refill)
         self.running[key] = attempt
         attempt.task = asyncio.create_task(
             execute(self.app, attempt), name=f"backburner:{job.task_id}"
         )
-        attempt.task.add_done_callback(lambda done: self._finished(key, done))
+        attempt.task.add_done_callback(lambda done: self._finished(key, done, refill))
 
-    def _finished(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+    def _finished(
+        self, key: tuple[str, int], task: asyncio.Task[None], refill: NextClaim | None
+    ) -> None:
         self.running.pop(key, None)
+        if refill is not None:
+            for job in refill.jobs:  # its slot, before the claim loop sees it free
+                self._take_handed(job)
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job %s: worker bug", key[0], exc_info=task.exception())

@@ -1,14 +1,17 @@
 -- ARGV: P, id, fence, now, only_if_lease_expired 0|1, msg_id, webhook event|'', want job 1|0,
--- kind, ...
+-- next claim (JSON: {w: worker id, j: it as JSON, l: lease until, t: types or null, n: limit})
+-- or '', kind, ...
 --   complete: result, usage|'', event data
 --   fail:     error, dead-letter ttl
 --   retry:    error, run_at, delayed 0|1
 --   release:  event data
 --   wait:     event data, run_at, delayed 0|1
--- Returns {'lost'} or {'ok', the job as read_job makes it}; with want job 0, a completed or
--- failed job is not read back: {'ok', false, expires_at, progress percent, progress message
--- (JSON text) or nil}, what its caller cannot know from the job as it claimed it.
-local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[9]
+-- Returns {'lost'} or {'ok', the job as read_job makes it, next}; with want job 0, a completed
+-- or failed job is not read back: {'ok', false, expires_at, progress percent, progress message
+-- (JSON text) or nil, next}, what its caller cannot know from the job as it claimed it. next:
+-- the jobs the next claim took for the worker (as claim returns them), in the same step: the
+-- worker's freed slot is filled without a claim of its own (none asked: none).
+local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV[7], ARGV[10]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', '_ty', '_sq',
   'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url', 'tenant', '_fc', '_tg',
@@ -55,21 +58,21 @@ local expires, percent -- set for a terminal outcome: what a caller not reading 
 redis.call('ZREM', LEASES, id)
 if kind == 'complete' then
   expires, percent = tonumber(now) + ttl, '100'
-  local sets = {'status', '"completed"', 'result', ARGV[10], 'finished_at', now,
+  local sets = {'status', '"completed"', 'result', ARGV[11], 'finished_at', now,
     'expires_at', num(expires), '_pp', percent}
-  if ARGV[11] ~= '' then
+  if ARGV[12] ~= '' then
     sets[#sets + 1] = 'usage'
-    sets[#sets + 1] = ARGV[11]
+    sets[#sets + 1] = ARGV[12]
   end
   write_job(sets, 'completed', nil, 1)
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, seq, 'processing', 'completed')
   leave_flight(tenant, parent)
-  event_at(id, ev + 1, 'status', ARGV[12], now)
+  event_at(id, ev + 1, 'status', ARGV[13], now)
   write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'fail' then
-  local err = ARGV[10]
-  expires, percent = tonumber(now) + tonumber(ARGV[11]), f[19] or '0'
+  local err = ARGV[11]
+  expires, percent = tonumber(now) + tonumber(ARGV[12]), f[19] or '0'
   write_job({'status', '"failed"', 'error', err, 'finished_at', now, 'expires_at', num(expires)},
     'failed', err, 2)
   redis.call('HDEL', j, 'lease_expires_at', '_tg', '_cur')
@@ -80,7 +83,7 @@ elseif kind == 'fail' then
   event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
   write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
 elseif kind == 'retry' then
-  local err, run_at = ARGV[10], ARGV[11]
+  local err, run_at = ARGV[11], ARGV[12]
   write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, seq, 'processing', 'queued')
@@ -88,20 +91,20 @@ elseif kind == 'retry' then
   event_at(id, ev + 1, 'attempt_failed',
     '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
   event_at(id, ev + 2, 'status', '{"status":"queued"}', now)
-  if ARGV[12] == '1' then
+  if ARGV[13] == '1' then
     enqueue_delayed(id, ty, sq, run_at)
   else -- due now: to the back of its tenant's line
     enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
   end
 elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like a RetryAt
-  local run_at = ARGV[11]
+  local run_at = ARGV[12]
   write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at},
     'waiting', nil, 1)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, seq, 'processing', 'queued')
   redis.call('HINCRBY', QPRIO, priority, 1)
-  event_at(id, ev + 1, 'status', ARGV[10], now)
-  if ARGV[12] == '1' then
+  event_at(id, ev + 1, 'status', ARGV[11], now)
+  if ARGV[13] == '1' then
     enqueue_delayed(id, ty, sq, run_at)
   else -- due now: to the back of its tenant's line
     enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
@@ -112,8 +115,19 @@ else -- release
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, seq, 'processing', 'queued')
   redis.call('HINCRBY', QPRIO, priority, 1)
-  event_at(id, ev + 1, 'status', ARGV[10], now)
+  event_at(id, ev + 1, 'status', ARGV[11], now)
   enqueue_ready(id, ty, pq, tag, sq, now)
 end
-if ARGV[8] == '0' and expires then return {'ok', false, num(expires), percent, f[20]} end
-return {'ok', read_job(id)}
+local claimed = {}
+if ARGV[9] ~= '' then
+  local ok, ask = pcall(cjson.decode, ARGV[9])
+  if ok and type(ask) == 'table' then
+    local types = ask.t
+    if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
+    claimed = claim_for(ask.w, ask.j, now, ask.l, types, tonumber(ask.n) or 1)
+  end
+end
+if ARGV[8] == '0' and expires then
+  return {'ok', false, num(expires), percent, f[20], claimed}
+end
+return {'ok', read_job(id), claimed}

@@ -531,3 +531,24 @@ local function hand_off(ty, now)
   redis.call('PUBLISH', channel, jobs[1])
   return true
 end
+
+-- A worker's claim (claim.lua, and a finish that fills the slot it frees): ends the worker's
+-- idle registration (nothing is handed to it while it claims), moves the delayed jobs that
+-- are due into their tenants' lines (by run_at, then enqueue order), then claims up to limit
+-- jobs of types (a list) with leases until lease. Returns them as claim_jobs does.
+local function claim_for(wid, wjson, now, lease, types, limit)
+  end_idle(wid)
+  local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1000)
+  for _, m in ipairs(due) do
+    local id = string.sub(m, 13)
+    local f = redis.call('HMGET', jkey(id), '_ty', '_pq', 'tenant', '_fc', 'run_at', 'status',
+      'priority')
+    if f[6] == '"queued"' and tonumber(f[5]) then -- (one without a type or run_at is dropped)
+      local ty, sq, _, _, pq, tenant, cost = job_line(id, f[1], string.sub(m, 1, 12), f[7], f[2],
+        f[3], f[4])
+      if ty then add_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, f[5]) end
+    end
+    redis.call('ZREM', DELAYED, m)
+  end
+  return claim_jobs(types, limit, wid, wjson, now, lease)
+end

@@ -1,0 +1,90 @@
+"""Calls of one script made in the same event-loop turn go to Redis as one call.
+
+A worker that finishes a hundred jobs in one loop turn, or a producer with 64 enqueues in
+flight, calls one script many times at once. Each call costs Redis a script invocation and the
+caller a reply of its own; in one call of the script's batch form (``redis_scripts``) they cost
+one. The first call of a turn goes out at once, alone, so a lone caller waits for nothing; the
+calls made after it in the same turn leave together when the turn ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from ..errors import BackendError
+from .redis_link import Arg, RedisLink, Script
+
+MAX_BATCH = 200
+"""Calls per batch: Redis runs a batch as one script, and serves nobody else meanwhile."""
+
+
+class ScriptBatcher:
+    """Runs one script for many callers: ``await call(args)`` is the script's reply to them."""
+
+    def __init__(
+        self,
+        link: Callable[[], RedisLink],
+        single: Script,
+        batched: Script,
+        keys: Sequence[Arg],
+        prefix: str,
+        *,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._link = link
+        self._single = single
+        self._batched = batched
+        self._keys = tuple(keys)
+        self._prefix = prefix
+        self._max_batch = max_batch
+        self._batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] | None = None
+        """The calls waiting for the end of this loop turn (None: no call yet this turn)."""
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def call(self, args: tuple[Arg, ...]) -> Any:
+        link = self._link()
+        if self._batch is None:
+            self._batch = []
+            asyncio.get_running_loop().call_soon(self._flush)
+            return await link.run(self._single, self._keys, (self._prefix, *args))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._batch.append((args, future))
+        if len(self._batch) >= self._max_batch:
+            self._flush()
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, None
+        if not batch:
+            return
+        task = asyncio.create_task(self._send(batch), name="backburner:redis-batch")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
+        flat: list[Arg] = [self._prefix, len(batch)]
+        for args, _ in batch:
+            flat.append(len(args))
+            flat.extend(args)
+        try:
+            replies = await self._link().run(self._batched, self._keys, flat)
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException:
+            for _, future in batch:
+                future.cancel()
+            raise
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():  # its caller was cancelled; the call took effect all the same
+                continue
+            if isinstance(reply, ResponseError):
+                future.set_exception(BackendError(f"Redis refused a command: {reply}"))
+            else:
+                future.set_result(reply)

@@ -1,0 +1,40 @@
+-- The batch form of finish (its body is the function `one`, of its own ARGV): ARGV is P, n,
+-- then n groups of (their length, finish's ARGV after P). Returns the n replies, in order.
+-- The next claims the finishes ask for are made after all of them, one claim per worker for
+-- all its finishes that applied: one claim of many jobs costs Redis a fraction of as many
+-- claims of one. Each asker's reply gets its share as finish alone would have given it.
+local out, at = {}, 3
+local askers, asks, order = {}, {}, {} -- worker id -> replies waiting; -> its latest ask
+for k = 1, tonumber(ARGV[2]) do
+  local n = tonumber(ARGV[at])
+  local args = {ARGV[1]}
+  for x = 1, n do args[x + 1] = ARGV[at + x] end
+  local ask_json = args[9]
+  args[9] = ''
+  local reply = one(args) or false
+  out[k] = reply
+  if ask_json ~= '' and type(reply) == 'table' and reply[1] == 'ok' then
+    local ok, ask = pcall(cjson.decode, ask_json)
+    if ok and type(ask) == 'table' and type(ask.w) == 'string' then
+      ask.now = args[4]
+      if not askers[ask.w] then
+        askers[ask.w] = {}
+        order[#order + 1] = ask.w
+      end
+      asks[ask.w] = ask
+      for _ = 1, tonumber(ask.n) or 1 do table.insert(askers[ask.w], reply) end
+    end
+  end
+  at = at + n + 1
+end
+for _, wid in ipairs(order) do
+  local ask, waiting = asks[wid], askers[wid]
+  local types = ask.t
+  if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
+  local jobs = claim_for(wid, ask.j, ask.now, ask.l, types, #waiting)
+  for i, doc in ipairs(jobs) do
+    local claimed = waiting[i][#waiting[i]]
+    claimed[#claimed + 1] = doc
+  end
+end
+return out

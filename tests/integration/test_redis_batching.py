@@ -1,0 +1,216 @@
+"""Redis calls of one loop turn batched into one script call, and a finish that claims next.
+
+Enqueues and finishes made in the same event-loop turn reach Redis as one call of the script's
+batch form; each caller still gets its own reply (a refusal is its caller's alone). A finish
+given ``then_claim`` claims the job that takes the worker's freed slot in the same step; the
+finishes of one batch share one claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from backburner import Backburner, JobContext, Settings
+from backburner.backends.base import Complete, NextClaim
+from backburner.backends.redis import RedisBackend
+from backburner.backends.redis_batch import ScriptBatcher
+from backburner.backends.redis_link import Script
+from backburner.backends.redis_scripts import _BATCH_MAIN
+from backburner.errors import BackendError, LeaseLostError
+from backburner.models import JobStatus
+from backburner.worker.runner import Worker
+
+from ..conformance._support import T0, claim_one, enqueue, new_job
+from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def scripts_run(engine: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """How many times each script went to Redis."""
+    link = engine._conn()
+    run = link.run
+    counts: Counter[str] = Counter()
+
+    async def counted(script: Script, *args: object, **kwargs: object) -> object:
+        counts[script.name] += 1
+        return await run(script, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(link, "run", counted)
+    yield counts
+
+
+async def test_enqueues_of_one_turn_go_in_one_batch(
+    engine: RedisBackend, scripts_run: Counter[str]
+) -> None:
+    results = await asyncio.gather(*(engine.enqueue(new_job()) for _ in range(10)))
+    assert all(created for _, created in results)
+    # The first goes out at once, alone; the nine after it in the same turn go together.
+    assert scripts_run == {"enqueue": 1, "enqueue_many": 1}
+    for job, _ in results:
+        stored = await engine.get(job.task_id)
+        assert stored is not None and stored.status == JobStatus.QUEUED
+    claimed = await engine.claim("w1", limit=20, now=T0, lease_s=30)
+    assert [j.task_id for j in claimed] == [job.task_id for job, _ in results]  # FIFO kept
+
+
+async def test_a_refusal_in_a_batch_is_its_callers_alone(engine: RedisBackend) -> None:
+    taken = await enqueue(engine)
+    again = dataclasses.replace(new_job(), task_id=taken.task_id)
+    first, refused, last = await asyncio.gather(
+        engine.enqueue(new_job()),
+        engine.enqueue(again),
+        engine.enqueue(new_job()),
+        return_exceptions=True,
+    )
+    assert isinstance(refused, BackendError) and "already exists" in str(refused)
+    for outcome in (first, last):
+        assert not isinstance(outcome, BaseException)
+        assert (await engine.get(outcome[0].task_id)) is not None
+
+
+async def test_an_error_reply_in_a_batch_fails_only_its_caller(engine: RedisBackend) -> None:
+    body = "if ARGV[2] == 'bad' then return redis.error_reply('bad input') end\nreturn ARGV[2]"
+    single = Script("echo", body)
+    batched = Script("echo_many", "local function one(ARGV)\n" + body + "\nend\n" + _BATCH_MAIN)
+    batcher = ScriptBatcher(engine._conn, single, batched, ("k",), "p:")
+    replies = await asyncio.gather(
+        *(batcher.call((word,)) for word in ["a", "b", "bad", "c"]), return_exceptions=True
+    )
+    assert replies[:2] == [b"a", b"b"] and replies[3] == b"c"
+    assert isinstance(replies[2], BackendError) and "bad input" in str(replies[2])
+
+
+async def test_finish_claims_the_next_job_in_the_same_step(engine: RedisBackend) -> None:
+    first = await enqueue(engine)
+    claimed = await claim_one(engine, first.task_id)
+    later = await enqueue(engine, now=T0 + 1)
+    urgent = await enqueue(engine, now=T0 + 1, priority=5)
+    other_type = await enqueue(engine, "translate", now=T0 + 1)
+    refill = NextClaim("w1", 30.0, ["summarize"])
+    done = await engine.finish(
+        claimed.task_id, claimed.fence, Complete(1), now=T0 + 2, claimed=claimed, then_claim=refill
+    )
+    assert done.status == JobStatus.COMPLETED
+    assert [j.task_id for j in refill.jobs] == [urgent.task_id]  # what a claim would take
+    (next_job,) = refill.jobs
+    assert next_job == await engine.get(urgent.task_id)
+    assert next_job.status == JobStatus.PROCESSING and next_job.worker_id == "w1"
+    assert next_job.lease_expires_at == T0 + 2 + 30.0 and next_job.attempts == 1
+    for waiting in (later, other_type):
+        stored = await engine.get(waiting.task_id)
+        assert stored is not None and stored.status == JobStatus.QUEUED
+
+
+async def test_a_lost_finish_claims_nothing(engine: RedisBackend) -> None:
+    first = await enqueue(engine)
+    claimed = await claim_one(engine, first.task_id)
+    waiting = await enqueue(engine)
+    refill = NextClaim("w1", 30.0, None)
+    with pytest.raises(LeaseLostError):
+        await engine.finish(
+            claimed.task_id, claimed.fence + 1, Complete(1), now=T0, then_claim=refill
+        )
+    assert refill.jobs == []
+    stored = await engine.get(waiting.task_id)
+    assert stored is not None and stored.status == JobStatus.QUEUED
+
+
+async def test_finishes_of_one_batch_share_one_claim(
+    engine: RedisBackend, scripts_run: Counter[str]
+) -> None:
+    running = [await enqueue(engine) for _ in range(4)]
+    held = await engine.claim("w1", limit=4, now=T0, lease_s=30)
+    assert [j.task_id for j in held] == [j.task_id for j in running]
+    queued = [await enqueue(engine, now=T0 + 1) for _ in range(3)]
+    refills = [NextClaim("w1", 30.0, ["summarize"]) for _ in held]
+    scripts_run.clear()
+    await asyncio.gather(
+        *(
+            engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 2, claimed=j, then_claim=r)
+            for j, r in zip(held, refills, strict=True)
+        )
+    )
+    assert scripts_run == {"finish": 1, "finish_many": 1}
+    got = [j.task_id for r in refills for j in r.jobs]
+    assert all(len(r.jobs) <= 1 for r in refills)
+    assert sorted(got) == sorted(j.task_id for j in queued)  # each claimed once, none left
+    for job in (j for r in refills for j in r.jobs):
+        assert job == await engine.get(job.task_id)
+        assert job.status == JobStatus.PROCESSING
+
+
+async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:
+    require_redis()
+    prefix = "test-" + uuid.uuid4().hex[:12]
+    url = f"{REDIS_TEST_URL}?prefix={prefix}"
+    app = Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+
+    @app.task(max_attempts=1)
+    async def quick(ctx: JobContext, n: int) -> int:
+        return n * 2
+
+    jobs = [await app.enqueue("quick", {"n": n}) for n in range(60)]
+    claims: list[int] = []
+    claim = app.backend.claim
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        got = await claim(*args, **kwargs)  # type: ignore[arg-type]
+        claims.append(len(got))
+        return got
+
+    app.backend.claim = counted  # type: ignore[method-assign]
+    worker = Worker(app, concurrency=4)
+    running = asyncio.create_task(worker.run())
+    try:
+        for n, job in enumerate(jobs):
+            done = await app.wait(job.task_id, timeout=20)
+            assert done.status == JobStatus.COMPLETED and done.result == n * 2
+        # Without refills the worker claims for every freed slot: 60 jobs, 4 at most a claim.
+        assert sum(claims) <= 8, claims
+    finally:
+        worker.shutdown()
+        await asyncio.wait_for(running, 20)
+        await app.close()
+        await drop_redis_keys(app.backend)
+
+
+async def test_a_stopping_worker_claims_nothing_with_its_last_outcomes() -> None:
+    require_redis()
+    prefix = "test-" + uuid.uuid4().hex[:12]
+    url = f"{REDIS_TEST_URL}?prefix={prefix}"
+    app = Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @app.task(max_attempts=1)
+    async def hold(ctx: JobContext) -> str:
+        started.set()
+        await release.wait()
+        return "held"
+
+    held = await app.enqueue("hold")
+    worker = Worker(app, concurrency=1)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        waiting = await app.enqueue("hold")
+        worker.shutdown()
+        release.set()
+        await asyncio.wait_for(running, 20)
+        assert (await app.get(held.task_id)).status == JobStatus.COMPLETED
+        left = await app.get(waiting.task_id)
+        # Never claimed (not claimed and handed back): no attempt, no history.
+        assert left.status == JobStatus.QUEUED and left.history == []
+    finally:
+        release.set()
+        worker.shutdown()
+        await asyncio.wait_for(running, 20)
+        await app.close()
+        await drop_redis_keys(app.backend)
