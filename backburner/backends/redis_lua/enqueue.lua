@@ -5,9 +5,7 @@
 local id, ty, spec, fp, ik = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local tenant = ARGV[13]
 local parent = ARGV[17] ~= '' and ARGV[17] or nil
-if redis.call('EXISTS', jkey(id)) == 1 or redis.call('EXISTS', skey(id)) == 1 then
-  return {'exists'}
-end
+if redis.call('EXISTS', jkey(id), skey(id)) > 0 then return {'exists'} end
 if ik ~= '' then
   local other = redis.call('GET', P .. 'k:' .. ik)
   if other then
@@ -45,6 +43,14 @@ for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
 -- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. A Redis
 -- Stream costs about 4 KB from its first entry (Redis 7 preallocates a node), so a job gets
 -- its stream when it starts running, not while it waits.
+local delayed, pq = ARGV[10] == '1', ARGV[8]
+-- A job due now joins its tenant's line at once: its tag goes in with the rest of its hash.
+local tag = nil
+if not delayed then
+  tag = fair_tag(tenant, ty, pq, tonumber(ARGV[14]))
+  fields[#fields + 1] = '_tg'
+  fields[#fields + 1] = string.format('%.0f', tag)
+end
 redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[11], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
@@ -57,10 +63,10 @@ if parent then redis.call('ZADD', pkey(parent), seq, id) end
 reindex(id, ty, seq, nil, 'queued')
 redis.call('SADD', P .. 'types', ty)
 redis.call('HINCRBY', QPRIO, ARGV[12], 1)
-if ARGV[10] == '1' then
+if delayed then
   enqueue_delayed(id, ty, sq, ARGV[9])
 else
-  add_ready(id, ty, ARGV[8], fair_tag(tenant, ty, ARGV[8], tonumber(ARGV[14])), sq, ARGV[9])
+  redis.call('ZADD', rkey(ty), 0, ready_member(id, pq, tag, sq, ARGV[9]))
   -- An idle worker takes it at once; else the waiters of its type are woken to claim it.
   if not hand_off(ty, ARGV[11]) then redis.call('PUBLISH', WAKE, ty) end
 end
