@@ -130,15 +130,16 @@ def _webhook_event(outcome: Outcome) -> str:
 def _next_claim_arg(then_claim: NextClaim, now: float) -> str:
     """finish.lua's next-claim argument: the claim's worker, lease end, types and limit."""
     types = None if then_claim.types is None else list(then_claim.types)
-    return json.dumps(
-        {
-            "w": then_claim.worker_id,
-            "j": encode(then_claim.worker_id),
-            "l": number(now + then_claim.lease_s),
-            "t": types,
-            "n": then_claim.limit,
-        }
+    return _NEXT_CLAIM.format(
+        json.dumps(then_claim.worker_id),
+        json.dumps(encode(then_claim.worker_id)),
+        number(now + then_claim.lease_s),
+        json.dumps(types),
+        int(then_claim.limit),
     )
+
+
+_NEXT_CLAIM = '{{"w":{},"j":{},"l":"{}","t":{},"n":{}}}'
 
 
 def _finished(

@@ -95,15 +95,17 @@ async def test_finish_claims_the_next_job_in_the_same_step(engine: RedisBackend)
     urgent = await enqueue(engine, now=T0 + 1, priority=5)
     other_type = await enqueue(engine, "translate", now=T0 + 1)
     refill = NextClaim("w1", 30.0, ["summarize"])
+    now = 1_764_570_002.123457  # a real clock's: the lease must come back to the microsecond
     done = await engine.finish(
-        claimed.task_id, claimed.fence, Complete(1), now=T0 + 2, claimed=claimed, then_claim=refill
+        claimed.task_id, claimed.fence, Complete(1), now=now, claimed=claimed, then_claim=refill
     )
     assert done.status == JobStatus.COMPLETED
     assert [j.task_id for j in refill.jobs] == [urgent.task_id]  # what a claim would take
     (next_job,) = refill.jobs
     assert next_job == await engine.get(urgent.task_id)
     assert next_job.status == JobStatus.PROCESSING and next_job.worker_id == "w1"
-    assert next_job.lease_expires_at == T0 + 2 + 30.0 and next_job.attempts == 1
+    assert next_job.lease_expires_at == now + 30.0 and next_job.attempts == 1
+    assert next_job.started_at == now
     for waiting in (later, other_type):
         stored = await engine.get(waiting.task_id)
         assert stored is not None and stored.status == JobStatus.QUEUED
