@@ -398,8 +398,14 @@ class Backend(Protocol):
         backend may use it to build the returned Job without reading it back.
 
         ``then_claim``: a backend may also claim for the worker, in the same step and as
-        ``claim`` would, and put those jobs in ``then_claim.jobs`` (only if the outcome was
-        applied). It saves a worker that is busy a claim's round trip per job.
+        ``claim`` would (leases of ``then_claim.lease_s`` from ``now``; a backend that batches
+        finishes may use the latest ``now`` of the batch), and add those jobs to
+        ``then_claim.jobs`` (only if the outcome was applied). It saves a busy worker a
+        claim's round trip per job. The caller must start or release them at once: nothing
+        renews their leases until it does. If ``finish`` raises after the outcome was
+        applied (a lost reply), the jobs it claimed are the caller's all the same but it
+        cannot know them: like the jobs of a claim whose reply is lost, they run again when
+        their leases expire, each with an attempt charged.
         """
         ...
 

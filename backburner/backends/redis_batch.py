@@ -54,11 +54,14 @@ class ScriptBatcher:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._batch.append((args, future))
         if len(self._batch) >= self._max_batch:
-            self._flush()
+            # Full: it leaves now, and the turn's later calls make the next batch (which the
+            # flush already due at the turn's end sends after this one: order is kept).
+            self._flush(turn_over=False)
         return await future
 
-    def _flush(self) -> None:
-        batch, self._batch = self._batch, None
+    def _flush(self, *, turn_over: bool = True) -> None:
+        batch = self._batch
+        self._batch = None if turn_over else []
         if not batch:
             return
         task = asyncio.create_task(self._send(batch), name="backburner:redis-batch")
@@ -66,25 +69,30 @@ class ScriptBatcher:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
+        # A caller cancelled before its batch left is not sent: nothing was done for it.
+        batch = [(args, future) for args, future in batch if not future.done()]
+        if not batch:
+            return
         flat: list[Arg] = [self._prefix, len(batch)]
         for args, _ in batch:
             flat.append(len(args))
             flat.extend(args)
         try:
             replies = await self._link().run(self._batched, self._keys, flat)
+            if not isinstance(replies, list) or len(replies) != len(batch):
+                raise BackendError(f"Redis answered a batch of {len(batch)} calls with {replies!r}")
+            for (_, future), reply in zip(batch, replies, strict=True):
+                if future.done():  # its caller was cancelled; the call took effect all the same
+                    continue
+                if isinstance(reply, ResponseError):
+                    future.set_exception(BackendError(f"Redis refused a command: {reply}"))
+                else:
+                    future.set_result(reply)
         except Exception as exc:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
-            return
-        except BaseException:
-            for _, future in batch:
-                future.cancel()
-            raise
-        for (_, future), reply in zip(batch, replies, strict=True):
-            if future.done():  # its caller was cancelled; the call took effect all the same
-                continue
-            if isinstance(reply, ResponseError):
-                future.set_exception(BackendError(f"Redis refused a command: {reply}"))
-            else:
-                future.set_result(reply)
+        finally:
+            for _, future in batch:  # cancelled itself, or cut short: nobody waits forever
+                if not future.done():
+                    future.cancel()

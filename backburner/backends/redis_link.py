@@ -3,10 +3,10 @@
 A worker holding 10,000 jobs may finish hundreds of them in one event-loop turn. One connection
 per in-flight command would open thousands of sockets; instead every command is written to a
 connection the moment it is sent (the commands of one event-loop turn leave in one write), and
-a reader task hands each reply to its caller in order. Nothing in between: a command costs its
-caller no task switch but the one for its reply. Each command is still applied on its own
-(scripts are atomic; pipelines are not transactions). Blocking commands (XREAD BLOCK,
-SUBSCRIBE) never go through here.
+the connection's protocol hands each reply to its caller, in order, as its bytes arrive. Nothing
+in between: a command costs its caller no task switch but the one for its reply. Each command is
+still applied on its own (scripts are atomic; pipelines are not transactions). Blocking commands
+(XREAD BLOCK, SUBSCRIBE) never go through here.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
 IDLE_CHECK_S = 10.0
 """A connection idle longer than this is PINGed before a command goes out on it: a connection
 dropped silently while idle (a proxy's idle timeout) is found out while it is still safe to send
-on another. A connection Redis closes (a restart) is found out at once by its reader."""
+on another. A connection Redis closes (a restart) is found out at once by its transport."""
 
 REPLY_TIMEOUT_S = 5.0
 """A Redis that leaves a command unanswered this long has stopped answering: the connection is
@@ -85,12 +85,15 @@ class _Pipe:
         # from here its transport hands the bytes straight to us: no stream and no reader
         # task in between, so a reply reaches its caller one loop turn sooner.
         assert connection._writer is not None and connection._reader is not None
-        self._transport = connection._writer.transport
+        self._transport = transport = connection._writer.transport
         leftover = bytes(connection._reader._buffer)  # type: ignore[attr-defined]
-        self._transport.set_protocol(_Replies(self))
+        transport.set_protocol(_Replies(self, transport.get_protocol()))
         self._watch_every = min(1.0, reply_timeout_s / 2)
         self._watchdog = self._loop.call_later(self._watch_every, self._watch)
-        if leftover:
+        if transport.is_closing() or connection._reader.at_eof():
+            # Closed before we took it: our protocol will hear nothing of it.
+            self.fail(BackendConnectionError(f"Redis at {where}: connection closed"))
+        elif leftover:
             self.received(leftover)
 
     def idle_too_long(self) -> bool:
@@ -180,10 +183,13 @@ class _Pipe:
 
 
 class _Replies(asyncio.Protocol):
-    """The connection's protocol once a _Pipe owns it: bytes in, replies out."""
+    """The connection's protocol once a _Pipe owns it: bytes in, replies out. The loss of the
+    connection is passed on to the protocol redis-py opened it with, so its stream closes (its
+    ``wait_closed`` returns) as if it had never been replaced."""
 
-    def __init__(self, pipe: _Pipe) -> None:
+    def __init__(self, pipe: _Pipe, opened_with: asyncio.BaseProtocol) -> None:
         self._pipe = pipe
+        self._opened_with = opened_with
 
     def data_received(self, data: bytes) -> None:
         self._pipe.received(data)
@@ -195,6 +201,7 @@ class _Replies(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = exc or "Redis closed the connection"
         self._pipe.fail(BackendConnectionError(f"Redis at {self._pipe.where}: {reason}"))
+        self._opened_with.connection_lost(exc)
 
 
 class _Lane:

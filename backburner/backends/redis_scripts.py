@@ -73,7 +73,12 @@ for k = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[at])
   local args = {ARGV[1]}
   for x = 1, n do args[x + 1] = ARGV[at + x] end
-  out[k] = one(args) or false
+  -- A Lua error (not a refusal) fails its own group only: the groups before it stay applied.
+  local ok, reply = pcall(one, args)
+  if not ok then
+    reply = type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply))
+  end
+  out[k] = reply or false
   at = at + n + 1
 end
 return out
@@ -83,7 +88,8 @@ return out
 def load_batched_script(name: str, main: str | None = None) -> Script:
     """``redis_lua/<name>.lua`` run once per group of arguments, in one call (``<name>_many``):
     the script's body becomes a function of its own ARGV; the replies come back as a list, a
-    refusal (error reply) in its place. Each group is applied in turn, atomically as a whole.
+    refusal (error reply, or a Lua error of its group) in its place. Each group is applied in
+    turn, as if alone: a group that fails leaves the ones before it applied.
 
     Only for scripts whose prelude helpers do not read the global ARGV (``types_from`` does).
     ``main``: the name of a script of its own that calls ``one`` for the groups instead."""

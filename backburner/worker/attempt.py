@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,12 @@ class Attempt:
     """True once its outcome is stored, or once nothing may be stored for it any more."""
     refill: NextClaim | None = None
     """The claim to make with its outcome, for the slot it frees (None: none)."""
+    storing: bool = False
+    """True while its outcome is being written: the fenced write decides what becomes of it,
+    so only a forced shutdown stops it then."""
+    on_stored: Callable[[Attempt], None] | None = None
+    """Called once its outcome is stored, before its hooks run (the worker frees its slot and
+    starts what the write claimed for it)."""
 
 
 class _FailNowError(Exception):
@@ -169,6 +176,33 @@ async def _landed(app: Backburner, job: Job, outcome: Outcome) -> Job | None:
 async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
     """Write the outcome (fenced), then run the hooks for it."""
     job = attempt.job
+    attempt.storing = True
+    try:
+        stored = await _write(app, attempt, outcome)
+    finally:
+        attempt.storing = False
+    if stored is None:
+        return
+    outcome, stored_job = stored
+    attempt.settled = True
+    if attempt.on_stored is not None:
+        attempt.on_stored(attempt)
+    # A child may have ended between a pipeline's look at its children and this write, so its
+    # hook's wake found the pipeline still processing: looking once more closes that gap.
+    if isinstance(outcome, Wait) and not await app.backend.has_open_children(job.task_id):
+        await app.backend.wake(job.task_id, now=app.clock.now())
+    if isinstance(outcome, Complete):
+        await app.hooks.complete(stored_job)
+    elif isinstance(outcome, Fail):
+        await app.hooks.fail(stored_job)
+    elif isinstance(outcome, RetryAt):
+        await app.hooks.retry(stored_job, outcome.error)
+
+
+async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[Outcome, Job] | None:
+    """Write the outcome (fenced), retrying while the lease may hold; the outcome written and
+    the job as it left it, or None if nothing was (or may be) written."""
+    job = attempt.job
     dead_letter_ttl = max(job.ttl_s, app.retry_policy.dead_letter_ttl_s)
     # A BackendError says nothing about the job: retry the same outcome while our lease may
     # still hold, then give up without settling (the lease expires, the job runs again).
@@ -195,7 +229,7 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
                 break
             log.info("job %s: lease lost before its outcome was written; dropped", job.task_id)
             attempt.settled = True
-            return
+            return None
         except InvalidInputError as exc:  # the result or usage cannot be stored
             if isinstance(outcome, Fail):
                 raise
@@ -208,7 +242,7 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
                     job.task_id,
                     exc,
                 )
-                return
+                return None
             log.info("job %s: outcome not stored (%s); retrying in %.2fs", job.task_id, exc, delay)
             retried = True
             await asyncio.sleep(delay)
@@ -217,17 +251,7 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
             failures += 1
             log.exception("job %s: could not store its outcome", job.task_id)
             if isinstance(outcome, Release | Wait) or failures > 1:
-                return  # the lease will expire and the sweeper re-queues the job
+                return None  # the lease will expire and the sweeper re-queues the job
             error = ErrorInfo(type="internal_error", message=f"outcome not stored: {exc}")
             outcome = Fail(error, dead_letter_ttl)
-    attempt.settled = True
-    # A child may have ended between a pipeline's look at its children and this write, so its
-    # hook's wake found the pipeline still processing: looking once more closes that gap.
-    if isinstance(outcome, Wait) and not await app.backend.has_open_children(job.task_id):
-        await app.backend.wake(job.task_id, now=app.clock.now())
-    if isinstance(outcome, Complete):
-        await app.hooks.complete(stored)
-    elif isinstance(outcome, Fail):
-        await app.hooks.fail(stored)
-    elif isinstance(outcome, RetryAt):
-        await app.hooks.retry(stored, outcome.error)
+    return outcome, stored

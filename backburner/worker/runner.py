@@ -56,6 +56,8 @@ class Worker:
         self._last_beat = time.monotonic()
         self._handing_back: set[asyncio.Task[None]] = set()
         self._types = sorted(app.tasks)
+        self._finishing: set[asyncio.Task[None]] = set()
+        """Attempts whose outcome is stored, running their hooks: they hold no slot."""
         self.dispatcher = WebhookDispatcher(app)
         """Delivers the webhook outbox while this worker runs."""
 
@@ -76,6 +78,10 @@ class Worker:
         """Cancel the asyncio task running ``task_id`` under ``fence``, if it runs here."""
         attempt = self.running.get((task_id, fence))
         if attempt is None or attempt.task is None or attempt.settled:
+            return False
+        if attempt.storing and reason != SHUTDOWN:
+            # Its outcome is being written, fenced: the write decides, and cancelling it would
+            # drop the reply (and the job it may claim for this slot).
             return False
         if attempt.stop_reason is None:
             attempt.stop_reason = reason
@@ -228,12 +234,14 @@ class Worker:
                     self._take_handed(job)
 
     async def _drain(self) -> None:
-        if self.running and not self._force.is_set():
+        if (self.running or self._finishing) and not self._force.is_set():
             force = asyncio.create_task(self._force.wait())
-            await self._wait_or_force([a.task for a in self.running.values() if a.task], force)
+            tasks = [a.task for a in self.running.values() if a.task]
+            await self._wait_or_force([*tasks, *self._finishing], force)
             force.cancel()
         leftover = list(self.running.values())
         if not leftover:
+            await self._end_hooks()
             return
         log.info("handing %d unfinished jobs back to the queue", len(leftover))
         for attempt in leftover:
@@ -247,6 +255,15 @@ class Worker:
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=1.0)
+        await self._end_hooks()
+
+    async def _end_hooks(self) -> None:
+        """Hooks still running after the grace (or a forced stop) are cut short."""
+        finishing = list(self._finishing)
+        for task in finishing:
+            task.cancel()
+        if finishing:
+            await asyncio.wait(finishing, timeout=1.0)
 
     async def _release(self, attempt: Attempt) -> None:
         await self._hand_back(attempt.job)
@@ -275,20 +292,29 @@ class Worker:
         if not self._stopping.is_set():
             refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
         attempt = Attempt(job, registered=time.monotonic(), refill=refill)
+        attempt.on_stored = lambda stored: self._stored(key, stored, refill)
         self.running[key] = attempt
         attempt.task = asyncio.create_task(
             execute(self.app, attempt), name=f"backburner:{job.task_id}"
         )
-        attempt.task.add_done_callback(lambda done: self._finished(key, done, refill))
+        attempt.task.add_done_callback(lambda done: self._finished(key, done))
 
-    def _finished(
-        self, key: tuple[str, int], task: asyncio.Task[None], refill: NextClaim | None
-    ) -> None:
-        self.running.pop(key, None)
+    def _stored(self, key: tuple[str, int], attempt: Attempt, refill: NextClaim | None) -> None:
+        """Its outcome is written: its slot goes to what the write claimed (before the claim
+        loop sees it free), while it runs its hooks on the side."""
+        if self.running.pop(key, None) is None:
+            return
+        if attempt.task is not None:
+            self._finishing.add(attempt.task)
         if refill is not None:
-            for job in refill.jobs:  # its slot, before the claim loop sees it free
+            for job in refill.jobs:
                 self._take_handed(job)
         self._slot_freed.set()
+
+    def _finished(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        self._finishing.discard(task)
+        if self.running.pop(key, None) is not None:
+            self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("job %s: worker bug", key[0], exc_info=task.exception())
 

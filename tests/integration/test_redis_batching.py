@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from redis.asyncio import Redis
 
-from backburner import Backburner, JobContext, Settings
-from backburner.backends.base import Complete, NextClaim
+from backburner import JobContext
+from backburner.backends.base import Complete, NextClaim, RetryAt
 from backburner.backends.redis import RedisBackend
 from backburner.backends.redis_batch import ScriptBatcher
 from backburner.backends.redis_link import Script
 from backburner.backends.redis_scripts import _BATCH_MAIN
 from backburner.errors import BackendError, LeaseLostError
-from backburner.models import JobStatus
-from backburner.worker.runner import Worker
+from backburner.hooks import Hooks
+from backburner.models import Job, JobStatus
 
-from ..conformance._support import T0, claim_one, enqueue, new_job
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+from ..conformance._support import T0, claim_one, enqueue, error, new_job
+from ._workers import count_claims, redis_app, running_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,45 +150,24 @@ async def test_finishes_of_one_batch_share_one_claim(
 
 
 async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
-    url = f"{REDIS_TEST_URL}?prefix={prefix}"
-    app = Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+    app = redis_app()
 
     @app.task(max_attempts=1)
     async def quick(ctx: JobContext, n: int) -> int:
         return n * 2
 
     jobs = [await app.enqueue("quick", {"n": n}) for n in range(60)]
-    claims: list[int] = []
-    claim = app.backend.claim
-
-    async def counted(*args: object, **kwargs: object) -> object:
-        got = await claim(*args, **kwargs)  # type: ignore[arg-type]
-        claims.append(len(got))
-        return got
-
-    app.backend.claim = counted  # type: ignore[method-assign]
-    worker = Worker(app, concurrency=4)
-    running = asyncio.create_task(worker.run())
-    try:
+    claims = count_claims(app)
+    async with running_worker(app, concurrency=4):
         for n, job in enumerate(jobs):
             done = await app.wait(job.task_id, timeout=20)
             assert done.status == JobStatus.COMPLETED and done.result == n * 2
         # Without refills the worker claims for every freed slot: 60 jobs, 4 at most a claim.
         assert sum(claims) <= 8, claims
-    finally:
-        worker.shutdown()
-        await asyncio.wait_for(running, 20)
-        await app.close()
-        await drop_redis_keys(app.backend)
 
 
 async def test_a_stopping_worker_claims_nothing_with_its_last_outcomes() -> None:
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
-    url = f"{REDIS_TEST_URL}?prefix={prefix}"
-    app = Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+    app = redis_app()
     started, release = asyncio.Event(), asyncio.Event()
 
     @app.task(max_attempts=1)
@@ -198,21 +177,154 @@ async def test_a_stopping_worker_claims_nothing_with_its_last_outcomes() -> None
         return "held"
 
     held = await app.enqueue("hold")
-    worker = Worker(app, concurrency=1)
-    running = asyncio.create_task(worker.run())
     try:
-        await asyncio.wait_for(started.wait(), 10)
-        waiting = await app.enqueue("hold")
-        worker.shutdown()
-        release.set()
-        await asyncio.wait_for(running, 20)
-        assert (await app.get(held.task_id)).status == JobStatus.COMPLETED
-        left = await app.get(waiting.task_id)
-        # Never claimed (not claimed and handed back): no attempt, no history.
-        assert left.status == JobStatus.QUEUED and left.history == []
+        async with running_worker(app, concurrency=1) as worker:
+            await asyncio.wait_for(started.wait(), 10)
+            waiting = await app.enqueue("hold")
+            worker.shutdown()
+            release.set()
+            for _ in range(1000):  # until its job is stored: the worker then stops
+                if (await app.get(held.task_id)).status == JobStatus.COMPLETED:
+                    break
+                await asyncio.sleep(0.01)
+            left = await app.get(waiting.task_id)
+            # Never claimed (not claimed and handed back): no attempt, no history.
+            assert left.status == JobStatus.QUEUED and left.history == []
     finally:
         release.set()
-        worker.shutdown()
-        await asyncio.wait_for(running, 20)
-        await app.close()
-        await drop_redis_keys(app.backend)
+
+
+async def _echo_batcher(engine: RedisBackend, max_batch: int) -> ScriptBatcher:
+    """Appends its argument to the list {p}:echo and returns it; 'boom' is a Lua error. Its
+    scripts are loaded first, as connect() loads the backend's."""
+    body = (
+        "if ARGV[2] == 'boom' then redis.call('HSET', ARGV[1] .. 'echo') end\n"
+        "redis.call('RPUSH', ARGV[1] .. 'echo', ARGV[2])\nreturn ARGV[2]"
+    )
+    batched = "local function one(ARGV)\n" + body + "\nend\n" + _BATCH_MAIN
+    for source in (body, batched):
+        await engine._conn().call("SCRIPT", "LOAD", source)
+    return ScriptBatcher(
+        engine._conn,
+        Script("echo", body),
+        Script("echo_many", batched),
+        (engine._tag_key,),
+        engine._p,
+        max_batch=max_batch,
+    )
+
+
+async def test_full_batches_keep_the_order_of_the_calls(
+    engine: RedisBackend, client: Redis
+) -> None:
+    batcher = await _echo_batcher(engine, max_batch=3)
+    words = [str(n) for n in range(11)]
+    assert await asyncio.gather(*(batcher.call((w,)) for w in words)) == [w.encode() for w in words]
+    assert await client.lrange(engine._p + "echo", 0, -1) == [w.encode() for w in words]
+
+
+async def test_a_lua_error_fails_its_own_call_and_leaves_the_others_applied(
+    engine: RedisBackend, client: Redis
+) -> None:
+    batcher = await _echo_batcher(engine, max_batch=10)
+    replies = await asyncio.gather(
+        *(batcher.call((w,)) for w in ["a", "b", "boom", "c"]), return_exceptions=True
+    )
+    assert replies[:2] == [b"a", b"b"] and replies[3] == b"c"
+    assert isinstance(replies[2], BackendError)
+    assert await client.lrange(engine._p + "echo", 0, -1) == [b"a", b"b", b"c"]
+
+
+async def test_a_call_cancelled_before_its_batch_leaves_is_not_sent(
+    engine: RedisBackend, client: Redis
+) -> None:
+    batcher = await _echo_batcher(engine, max_batch=10)
+    calls = [asyncio.ensure_future(batcher.call((w,))) for w in ["a", "b", "c"]]
+    await asyncio.sleep(0)  # each call has joined the turn's batch (the first went alone)
+    calls[1].cancel()
+    done = await asyncio.gather(*calls, return_exceptions=True)
+    assert done[0] == b"a" and done[2] == b"c"
+    assert isinstance(done[1], asyncio.CancelledError)
+    assert await client.lrange(engine._p + "echo", 0, -1) == [b"a", b"c"]
+
+
+async def test_a_retry_claimed_back_at_once_is_reported_as_queued(engine: RedisBackend) -> None:
+    job = await enqueue(engine)
+    claimed = await claim_one(engine, job.task_id)
+    refill = NextClaim("w1", 30.0, None)
+    retried = await engine.finish(
+        claimed.task_id,
+        claimed.fence,
+        RetryAt(error(), run_at=T0 + 1),
+        now=T0 + 1,
+        claimed=claimed,
+        then_claim=refill,
+    )
+    # The reply is the job as the retry left it, though the same step claimed it back.
+    assert retried.status == JobStatus.QUEUED and retried.fence == claimed.fence
+    (again,) = refill.jobs
+    assert again.task_id == job.task_id and again.fence == claimed.fence + 1
+    assert again.status == JobStatus.PROCESSING
+
+
+async def test_a_claimed_job_starts_before_the_finished_jobs_hooks_end() -> None:
+    app = redis_app()
+    hook_entered, hook_release, second_started = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    class SlowHook(Hooks):
+        async def on_complete(self, job: Job) -> None:
+            if job.result == "first":
+                hook_entered.set()
+                await hook_release.wait()
+
+    app.hooks.hooks.append(SlowHook())
+
+    @app.task(max_attempts=1)
+    async def step(ctx: JobContext, name: str) -> str:
+        if name == "second":
+            second_started.set()
+        return name
+
+    first = await app.enqueue("step", {"name": "first"})
+    second = await app.enqueue("step", {"name": "second"})
+    try:
+        async with running_worker(app, concurrency=1):
+            await asyncio.wait_for(hook_entered.wait(), 10)
+            # One slot: the second job runs while the first's hook still holds on.
+            await asyncio.wait_for(second_started.wait(), 10)
+            assert (await app.wait(second.task_id, timeout=10)).status == JobStatus.COMPLETED
+            hook_release.set()
+            assert (await app.get(first.task_id)).status == JobStatus.COMPLETED
+    finally:
+        hook_release.set()
+
+
+async def test_a_lease_check_does_not_cancel_an_outcome_being_written() -> None:
+    app = redis_app()
+
+    @app.task(max_attempts=1)
+    async def quick(ctx: JobContext) -> str:
+        return "done"
+
+    job = await app.enqueue("quick")
+    backend = app.backend
+    finish = backend.finish
+    writing, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow_finish(*args: object, **kwargs: object) -> object:
+        writing.set()
+        await go_on.wait()
+        return await finish(*args, **kwargs)  # type: ignore[arg-type]
+
+    backend.finish = slow_finish  # type: ignore[method-assign]
+    try:
+        async with running_worker(app, concurrency=1) as worker:
+            await asyncio.wait_for(writing.wait(), 10)
+            (attempt,) = worker.running.values()
+            # What a heartbeat that found the lease gone (the write landed first) would do.
+            assert worker.cancel_local(job.task_id, attempt.job.fence, "lease_lost") is False
+            go_on.set()
+            done = await app.wait(job.task_id, timeout=10)
+            assert done.status == JobStatus.COMPLETED and done.result == "done"
+    finally:
+        go_on.set()

@@ -8,20 +8,19 @@ returned by stop_waiting, or handed back by the worker when it has no free slot.
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 from redis.asyncio import Redis
 
-from backburner import Backburner, JobContext, Settings
+from backburner import Backburner, JobContext
 from backburner.backends import redis_waiting
 from backburner.backends.base import Release
 from backburner.backends.redis import RedisBackend
 from backburner.models import JobStatus
-from backburner.worker.runner import Worker
 
 from ..conformance._support import T0, enqueue
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+from ..conftest import REDIS_TEST_URL
+from ._workers import count_claims, redis_app, running_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -177,9 +176,8 @@ async def test_ready_work_of_its_other_types_goes_first(
     assert await engine.stop_waiting("w1") == []
 
 
-def make_app(prefix: str, started: asyncio.Event, release: asyncio.Event) -> Backburner:
-    url = f"{REDIS_TEST_URL}?prefix={prefix}"
-    app = Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+def make_app(started: asyncio.Event, release: asyncio.Event) -> Backburner:
+    app = redis_app()
 
     @app.task(max_attempts=1)
     async def hold(ctx: JobContext) -> str:
@@ -195,22 +193,9 @@ def make_app(prefix: str, started: asyncio.Event, release: asyncio.Event) -> Bac
 
 
 async def test_a_worker_runs_a_handed_job_without_claiming_it() -> None:
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
-    app = make_app(prefix, asyncio.Event(), asyncio.Event())
-    worker = Worker(app, concurrency=2)
-    running = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(worker.started.wait(), 10)
-        claims: list[int] = []
-        claim = app.backend.claim
-
-        async def counted(*args: object, **kwargs: object) -> object:
-            jobs = await claim(*args, **kwargs)  # type: ignore[arg-type]
-            claims.append(len(jobs))
-            return jobs
-
-        app.backend.claim = counted  # type: ignore[method-assign]
+    app = make_app(asyncio.Event(), asyncio.Event())
+    async with running_worker(app, concurrency=2) as worker:
+        claims = count_claims(app)
         backend = app.backend
         assert isinstance(backend, RedisBackend)
         client = Redis.from_url(REDIS_TEST_URL)
@@ -223,41 +208,28 @@ async def test_a_worker_runs_a_handed_job_without_claiming_it() -> None:
         assert done.status == JobStatus.COMPLETED and done.result == "quick"
         assert done.history[-1].worker_id == worker.worker_id
         assert sum(claims) == 0  # it came by hand-off, not by a claim
-    finally:
-        worker.shutdown()
-        await asyncio.wait_for(running, 20)
-        await app.close()
-        await drop_redis_keys(app.backend)
 
 
 async def test_a_worker_with_no_free_slot_hands_a_handed_job_back() -> None:
-    require_redis()
-    prefix = "test-" + uuid.uuid4().hex[:12]
     started, release = asyncio.Event(), asyncio.Event()
-    app = make_app(prefix, started, release)
-    worker = Worker(app, concurrency=1)
-    running = asyncio.create_task(worker.run())
+    app = make_app(started, release)
     try:
-        await asyncio.wait_for(worker.started.wait(), 10)
-        await app.enqueue("hold")
-        await asyncio.wait_for(started.wait(), 10)
-        extra = await app.enqueue("quick")
-        (claimed,) = await app.backend.claim(
-            worker.worker_id, limit=1, now=app.clock.now(), lease_s=30, types=["quick"]
-        )
-        worker._take_handed(claimed)  # as if handed while the only slot is busy
-        for _ in range(500):
-            stored = await app.get(extra.task_id)
-            if stored.status == JobStatus.QUEUED:
-                break
-            await asyncio.sleep(0.01)
-        assert stored.status == JobStatus.QUEUED and stored.attempts == 0
-        release.set()
-        done = await app.wait(extra.task_id, timeout=10)
-        assert done.status == JobStatus.COMPLETED
+        async with running_worker(app, concurrency=1) as worker:
+            await app.enqueue("hold")
+            await asyncio.wait_for(started.wait(), 10)
+            extra = await app.enqueue("quick")
+            (claimed,) = await app.backend.claim(
+                worker.worker_id, limit=1, now=app.clock.now(), lease_s=30, types=["quick"]
+            )
+            worker._take_handed(claimed)  # as if handed while the only slot is busy
+            for _ in range(500):
+                stored = await app.get(extra.task_id)
+                if stored.status == JobStatus.QUEUED:
+                    break
+                await asyncio.sleep(0.01)
+            assert stored.status == JobStatus.QUEUED and stored.attempts == 0
+            release.set()
+            done = await app.wait(extra.task_id, timeout=10)
+            assert done.status == JobStatus.COMPLETED
     finally:
         release.set()
-        worker.shutdown()
-        await asyncio.wait_for(running, 20)
-        await app.close()
-        await drop_redis_keys(app.backend)

@@ -151,3 +151,15 @@ async def test_a_closed_link_refuses_commands() -> None:
         assert await link.call("PING") == b"OK"
     with pytest.raises(BackendError, match="not connected"):
         await link.call("PING")
+
+
+async def test_redis_py_still_sees_the_connection_close_after_the_link_took_it() -> None:
+    require_redis()
+    async with linked(REDIS_TEST_URL) as link:
+        assert await link.call("PING") == b"PONG"
+        pipe = link._lanes[0].pipe
+        assert pipe is not None
+        # Without the loss passed on to redis-py's own protocol, its stream never closes and
+        # a disconnect that waits for it times out.
+        await asyncio.wait_for(pipe.connection.disconnect(), 2)
+        assert not pipe.alive

@@ -118,16 +118,22 @@ else -- release
   event_at(id, ev + 1, 'status', ARGV[11], now)
   enqueue_ready(id, ty, pq, tag, sq, now)
 end
+-- The reply shows the job as this outcome left it: read before a claim could take it again
+-- (a retry due now, claimed back by its own worker).
+local reply
+if ARGV[8] == '0' and expires then
+  reply = {'ok', false, num(expires), percent, f[20]}
+else
+  reply = {'ok', read_job(id)}
+end
 local claimed = {}
 if ARGV[9] ~= '' then
   local ok, ask = pcall(cjson.decode, ARGV[9])
-  if ok and type(ask) == 'table' then
+  if ok and type(ask) == 'table' and type(ask.w) == 'string' and type(ask.j) == 'string' then
     local types = ask.t
     if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
     claimed = claim_for(ask.w, ask.j, now, ask.l, types, tonumber(ask.n) or 1)
   end
 end
-if ARGV[8] == '0' and expires then
-  return {'ok', false, num(expires), percent, f[20], claimed}
-end
-return {'ok', read_job(id), claimed}
+reply[#reply + 1] = claimed
+return reply

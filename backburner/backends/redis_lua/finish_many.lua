@@ -11,18 +11,23 @@ for k = 1, tonumber(ARGV[2]) do
   for x = 1, n do args[x + 1] = ARGV[at + x] end
   local ask_json = args[9]
   args[9] = ''
-  local reply = one(args) or false
+  local ok, reply = pcall(one, args) -- a Lua error fails its own group only
+  if not ok then
+    reply = type(reply) == 'table' and reply.err and reply or redis.error_reply(tostring(reply))
+  end
+  reply = reply or false
   out[k] = reply
   if ask_json ~= '' and type(reply) == 'table' and reply[1] == 'ok' then
     local ok, ask = pcall(cjson.decode, ask_json)
-    if ok and type(ask) == 'table' and type(ask.w) == 'string' then
+    if ok and type(ask) == 'table' and type(ask.w) == 'string' and type(ask.j) == 'string' then
       ask.now = args[4]
       if not askers[ask.w] then
         askers[ask.w] = {}
         order[#order + 1] = ask.w
       end
       asks[ask.w] = ask
-      for _ = 1, tonumber(ask.n) or 1 do table.insert(askers[ask.w], reply) end
+      local claimed = reply[#reply] -- (the reply's last slot: the list finish fills)
+      for _ = 1, tonumber(ask.n) or 1 do table.insert(askers[ask.w], claimed) end
     end
   end
   at = at + n + 1
@@ -33,7 +38,7 @@ for _, wid in ipairs(order) do
   if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
   local jobs = claim_for(wid, ask.j, ask.now, ask.l, types, #waiting)
   for i, doc in ipairs(jobs) do
-    local claimed = waiting[i][#waiting[i]]
+    local claimed = waiting[i]
     claimed[#claimed + 1] = doc
   end
 end

@@ -1,0 +1,50 @@
+"""A real worker of an app on a Redis key prefix of its own, for the Redis integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+from backburner import Backburner, Settings
+from backburner.worker.runner import Worker
+
+from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
+
+
+def redis_app() -> Backburner:
+    """An app on the test Redis under a fresh prefix (skips without Redis; fails under CI)."""
+    require_redis()
+    url = f"{REDIS_TEST_URL}?prefix=test-{uuid.uuid4().hex[:12]}"
+    return Backburner(url, settings=Settings(backend_url=url, idle_wait_s=5.0))
+
+
+def count_claims(app: Backburner) -> list[int]:
+    """How many jobs each of the app's claims from now on took, in order."""
+    claims: list[int] = []
+    claim = app.backend.claim
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        jobs = await claim(*args, **kwargs)  # type: ignore[arg-type]
+        claims.append(len(jobs))
+        return jobs
+
+    app.backend.claim = counted  # type: ignore[method-assign]
+    return claims
+
+
+@contextlib.asynccontextmanager
+async def running_worker(app: Backburner, concurrency: int) -> AsyncIterator[Worker]:
+    """A worker of ``app`` running (started) until the block ends; then it is shut down, the
+    app closed and the prefix's keys dropped."""
+    worker = Worker(app, concurrency=concurrency)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        yield worker
+    finally:
+        worker.shutdown()
+        await asyncio.wait_for(running, 20)
+        await app.close()
+        await drop_redis_keys(app.backend)
