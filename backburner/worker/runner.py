@@ -171,9 +171,9 @@ class Worker:
             return
         await asyncio.gather(*(self._hand_back(job) for job in leftover))
 
-    def _take_handed(self, job: Job) -> None:
-        """Run a job the backend handed us, or hand it back if every slot is taken (a claim
-        of ours and the hand-off crossed) or we are stopping."""
+    def _take(self, job: Job) -> None:
+        """Run a job claimed for us (by a claim, a hand-off or a finish), or hand it back if
+        every slot is taken (a claim of ours and a hand-off crossed) or we are stopping."""
         if len(self.running) < self.concurrency and not self._stopping.is_set():
             self._start(job)
         else:
@@ -219,8 +219,8 @@ class Worker:
                 await self._until_stopping(asyncio.sleep(delay), stop_waiter)
                 continue
             failures = 0
-            for job in jobs:
-                self._start(job)
+            for job in jobs:  # a hand-off may have taken a slot while the claim was out
+                self._take(job)
             if len(jobs) < limit:
                 wait = backend.wait_for_jobs(
                     now=clock.now(),
@@ -228,10 +228,10 @@ class Worker:
                     types=types,
                     worker_id=self.worker_id,
                     lease_s=settings.lease_s,
-                    on_handed=self._take_handed,
+                    on_handed=self._take,
                 )
                 for job in await self._until_stopping(wait, stop_waiter) or ():
-                    self._take_handed(job)
+                    self._take(job)
 
     async def _drain(self) -> None:
         if (self.running or self._finishing) and not self._force.is_set():
@@ -308,7 +308,7 @@ class Worker:
             self._finishing.add(attempt.task)
         if refill is not None:
             for job in refill.jobs:
-                self._take_handed(job)
+                self._take(job)
         self._slot_freed.set()
 
     def _finished(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:

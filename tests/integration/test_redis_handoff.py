@@ -221,7 +221,7 @@ async def test_a_worker_with_no_free_slot_hands_a_handed_job_back() -> None:
             (claimed,) = await app.backend.claim(
                 worker.worker_id, limit=1, now=app.clock.now(), lease_s=30, types=["quick"]
             )
-            worker._take_handed(claimed)  # as if handed while the only slot is busy
+            worker._take(claimed)  # as if handed while the only slot is busy
             for _ in range(500):
                 stored = await app.get(extra.task_id)
                 if stored.status == JobStatus.QUEUED:
