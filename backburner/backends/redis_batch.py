@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..errors import BackendError
+from ..errors import BackendConnectionError, BackendError
 from .redis_link import Arg, RedisLink, Script
 
 MAX_BATCH = 200
@@ -54,8 +54,9 @@ class ScriptBatcher:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._batch.append((args, future))
         if len(self._batch) >= self._max_batch:
-            # Full: it leaves now, and the turn's later calls make the next batch (which the
-            # flush already due at the turn's end sends after this one: order is kept).
+            # Full: it leaves now, and the turn's later calls make the next batch (sent by the
+            # flush already due at the turn's end). Batches may take either connection, so
+            # calls made at once are not ordered among themselves, as without batching.
             self._flush(turn_over=False)
         return await future
 
@@ -93,6 +94,8 @@ class ScriptBatcher:
                 if not future.done():
                     future.set_exception(exc)
         finally:
-            for _, future in batch:  # cancelled itself, or cut short: nobody waits forever
+            for _, future in batch:  # cut short (the loop closing): nobody waits forever
                 if not future.done():
-                    future.cancel()
+                    future.set_exception(
+                        BackendConnectionError("a batch of calls was cut short; it may have run")
+                    )

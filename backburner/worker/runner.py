@@ -221,6 +221,8 @@ class Worker:
             failures = 0
             for job in jobs:  # a hand-off may have taken a slot while the claim was out
                 self._take(job)
+            if self._stopping.is_set():
+                break
             if len(jobs) < limit:
                 wait = backend.wait_for_jobs(
                     now=clock.now(),
@@ -289,7 +291,7 @@ class Worker:
         # Its outcome's write claims the job that takes its slot next: while the queue has
         # work, a busy worker makes no claims of its own.
         refill = None
-        if not self._stopping.is_set():
+        if not self._stopping.is_set() and len(self._finishing) < self.concurrency:
             refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
         attempt = Attempt(job, registered=time.monotonic(), refill=refill)
         attempt.on_stored = lambda stored: self._stored(key, stored, refill)
@@ -297,24 +299,35 @@ class Worker:
         attempt.task = asyncio.create_task(
             execute(self.app, attempt), name=f"backburner:{job.task_id}"
         )
-        attempt.task.add_done_callback(lambda done: self._finished(key, done))
+        attempt.task.add_done_callback(lambda done: self._finished(key, done, refill))
 
     def _stored(self, key: tuple[str, int], attempt: Attempt, refill: NextClaim | None) -> None:
         """Its outcome is written: its slot goes to what the write claimed (before the claim
-        loop sees it free), while it runs its hooks on the side."""
-        if self.running.pop(key, None) is None:
-            return
-        if attempt.task is not None:
-            self._finishing.add(attempt.task)
-        if refill is not None:
-            for job in refill.jobs:
-                self._take(job)
-        self._slot_freed.set()
+        loop sees it free), while it runs its hooks on the side. Once hooks run beside as many
+        jobs as the worker runs, it keeps its slot until its hooks end: slow hooks slow the
+        worker down rather than pile up."""
+        if len(self._finishing) < self.concurrency and self.running.pop(key, None) is not None:
+            if attempt.task is not None:
+                self._finishing.add(attempt.task)
+            self._slot_freed.set()
+        self._take_claimed(refill)
 
-    def _finished(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+    def _take_claimed(self, refill: NextClaim | None) -> None:
+        """Start (or hand back) what a finish claimed for us, once."""
+        if refill is not None and refill.jobs:
+            jobs, refill.jobs = refill.jobs, []
+            for job in jobs:
+                self._take(job)
+
+    def _finished(
+        self, key: tuple[str, int], task: asyncio.Task[None], refill: NextClaim | None
+    ) -> None:
         self._finishing.discard(task)
         if self.running.pop(key, None) is not None:
             self._slot_freed.set()
+        # A write that claimed jobs and then failed (its reply unreadable, say) never got to
+        # _stored: those jobs are ours all the same.
+        self._take_claimed(refill)
         if not task.cancelled() and task.exception() is not None:
             log.error("job %s: worker bug", key[0], exc_info=task.exception())
 
@@ -332,7 +345,7 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         issued = time.monotonic()
-        # Settled attempts (running hooks) need no lease; renew only what still runs.
+        # Settled attempts (their outcome stored) need no lease; renew only what still runs.
         held = {
             task_id: fence
             for (task_id, fence), attempt in self.running.items()

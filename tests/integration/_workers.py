@@ -44,7 +44,8 @@ async def running_worker(app: Backburner, concurrency: int) -> AsyncIterator[Wor
         await asyncio.wait_for(worker.started.wait(), 10)
         yield worker
     finally:
-        worker.shutdown()
+        if not worker._stopping.is_set():  # (a second shutdown would force it)
+            worker.shutdown()
         await asyncio.wait_for(running, 20)
         await app.close()
         await drop_redis_keys(app.backend)

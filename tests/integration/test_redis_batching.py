@@ -187,6 +187,7 @@ async def test_a_stopping_worker_claims_nothing_with_its_last_outcomes() -> None
                 if (await app.get(held.task_id)).status == JobStatus.COMPLETED:
                     break
                 await asyncio.sleep(0.01)
+            assert (await app.get(held.task_id)).status == JobStatus.COMPLETED
             left = await app.get(waiting.task_id)
             # Never claimed (not claimed and handed back): no attempt, no history.
             assert left.status == JobStatus.QUEUED and left.history == []
@@ -214,13 +215,16 @@ async def _echo_batcher(engine: RedisBackend, max_batch: int) -> ScriptBatcher:
     )
 
 
-async def test_full_batches_keep_the_order_of_the_calls(
-    engine: RedisBackend, client: Redis
+async def test_full_batches_leave_at_once_and_each_call_gets_its_reply(
+    engine: RedisBackend, client: Redis, scripts_run: Counter[str]
 ) -> None:
     batcher = await _echo_batcher(engine, max_batch=3)
     words = [str(n) for n in range(11)]
     assert await asyncio.gather(*(batcher.call((w,)) for w in words)) == [w.encode() for w in words]
-    assert await client.lrange(engine._p + "echo", 0, -1) == [w.encode() for w in words]
+    # One alone, then 3 + 3 + 3 + 1: the call after a full batch joins the next batch.
+    assert scripts_run == {"echo": 1, "echo_many": 4}
+    stored = await client.lrange(engine._p + "echo", 0, -1)
+    assert sorted(stored) == sorted(w.encode() for w in words)
 
 
 async def test_a_lua_error_fails_its_own_call_and_leaves_the_others_applied(
@@ -279,8 +283,11 @@ async def test_a_claimed_job_starts_before_the_finished_jobs_hooks_end() -> None
 
     app.hooks.hooks.append(SlowHook())
 
+    order: list[str] = []
+
     @app.task(max_attempts=1)
     async def step(ctx: JobContext, name: str) -> str:
+        order.append(name)
         if name == "second":
             second_started.set()
         return name
@@ -292,6 +299,7 @@ async def test_a_claimed_job_starts_before_the_finished_jobs_hooks_end() -> None
             await asyncio.wait_for(hook_entered.wait(), 10)
             # One slot: the second job runs while the first's hook still holds on.
             await asyncio.wait_for(second_started.wait(), 10)
+            assert order == ["first", "second"] and not hook_release.is_set()
             assert (await app.wait(second.task_id, timeout=10)).status == JobStatus.COMPLETED
             hook_release.set()
             assert (await app.get(first.task_id)).status == JobStatus.COMPLETED
@@ -328,3 +336,37 @@ async def test_a_lease_check_does_not_cancel_an_outcome_being_written() -> None:
             assert done.status == JobStatus.COMPLETED and done.result == "done"
     finally:
         go_on.set()
+
+
+async def test_slow_hooks_hold_slots_once_as_many_run_as_the_concurrency() -> None:
+    app = redis_app()
+    release, entered = asyncio.Event(), asyncio.Event()
+    in_hooks: list[str] = []
+
+    class SlowHook(Hooks):
+        async def on_complete(self, job: Job) -> None:
+            in_hooks.append(job.result)
+            entered.set()
+            await release.wait()
+
+    app.hooks.hooks.append(SlowHook())
+
+    @app.task(max_attempts=1)
+    async def step(ctx: JobContext, name: str) -> str:
+        return name
+
+    jobs = [await app.enqueue("step", {"name": name}) for name in ("a", "b", "c")]
+    try:
+        async with running_worker(app, concurrency=1):
+            for _ in range(1000):  # a's hook runs beside b; b's, past the cap, holds the slot
+                if in_hooks == ["a", "b"]:
+                    break
+                await asyncio.sleep(0.01)
+            assert in_hooks == ["a", "b"]
+            await asyncio.sleep(0.2)  # (what must not happen: c starting)
+            assert (await app.get(jobs[2].task_id)).status == JobStatus.QUEUED
+            release.set()
+            done = await app.wait(jobs[2].task_id, timeout=10)
+            assert done.status == JobStatus.COMPLETED
+    finally:
+        release.set()

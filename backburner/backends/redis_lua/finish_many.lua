@@ -36,7 +36,9 @@ for _, wid in ipairs(order) do
   local ask, waiting = asks[wid], askers[wid]
   local types = ask.t
   if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
-  local jobs = claim_for(wid, ask.j, ask.now, ask.l, types, #waiting)
+  -- An error here fails no finish (they are applied): that worker just gets no jobs.
+  local ok, jobs = pcall(claim_for, wid, ask.j, ask.now, ask.l, types, #waiting)
+  if not ok then jobs = {} end
   for i, doc in ipairs(jobs) do
     local claimed = waiting[i]
     claimed[#claimed + 1] = doc
