@@ -46,11 +46,10 @@ class ScriptBatcher:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def call(self, args: tuple[Arg, ...]) -> Any:
-        link = self._link()
         if self._batch is None:
             self._batch = []
             asyncio.get_running_loop().call_soon(self._flush)
-            return await link.run(self._single, self._keys, (self._prefix, *args))
+            return await self._link().run(self._single, self._keys, (self._prefix, *args))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._batch.append((args, future))
         if len(self._batch) >= self._max_batch:

@@ -56,12 +56,15 @@ def trim_prelude(prelude: str, body: str) -> str:
     return "".join(reversed(kept))
 
 
+def _lua(name: str) -> str:
+    """The text of ``redis_lua/<name>.lua``."""
+    return resources.files(__package__).joinpath("redis_lua", f"{name}.lua").read_text()
+
+
 def load_script(name: str) -> Script:
     """The script ``redis_lua/<name>.lua`` with the prelude it needs."""
-    folder = resources.files(__package__).joinpath("redis_lua")
-    prelude = folder.joinpath("prelude.lua").read_text()
-    body = folder.joinpath(f"{name}.lua").read_text()
-    return Script(name, trim_prelude(prelude, body) + body)
+    body = _lua(name)
+    return Script(name, trim_prelude(_lua("prelude"), body) + body)
 
 
 BATCH_SUFFIX = "_many"
@@ -93,11 +96,9 @@ def load_batched_script(name: str, main: str | None = None) -> Script:
 
     Only for scripts whose prelude helpers do not read the global ARGV (``types_from`` does).
     ``main``: the name of a script of its own that calls ``one`` for the groups instead."""
-    folder = resources.files(__package__).joinpath("redis_lua")
-    prelude = folder.joinpath("prelude.lua").read_text()
-    body = folder.joinpath(f"{name}.lua").read_text()
-    main_text = _BATCH_MAIN if main is None else folder.joinpath(f"{main}.lua").read_text()
-    kept = trim_prelude(prelude, body + main_text)
+    body = _lua(name)
+    main_text = _BATCH_MAIN if main is None else _lua(main)
+    kept = trim_prelude(_lua("prelude"), body + main_text)
     if "types_from" in _names(kept + body):
         raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
     source = kept + "local function one(ARGV)\n" + body + "\nend\n" + main_text

@@ -177,8 +177,9 @@ class Worker:
         if len(self.running) < self.concurrency and not self._stopping.is_set():
             self._start(job)
         else:
-            self._handing_back.add(asyncio.create_task(self._hand_back(job)))
-            self._handing_back = {t for t in self._handing_back if not t.done()}
+            task = asyncio.create_task(self._hand_back(job))
+            self._handing_back.add(task)
+            task.add_done_callback(self._handing_back.discard)
 
     async def _hand_back(self, job: Job) -> None:
         """Put a job we hold back in the queue at its place, its attempt not counted."""
