@@ -11,6 +11,7 @@ from typing import Any
 from .errors import ConfigurationError
 
 DEFAULT_BACKEND_URL = "sqlite:///backburner.db"
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,9 @@ class Settings:
     child to end wakes it at once)."""
     priority_classes: str = "interactive=10,default=0,batch=-10"
     """Names a job's priority may be given by, ``name=number`` comma-separated."""
+    event_loop: str = "auto"
+    """The event loop of ``backburner serve``, ``api`` and ``worker``: ``uvloop``,
+    ``asyncio``, or ``auto`` (uvloop where it is installed, as uvicorn does)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -150,6 +154,10 @@ class Settings:
             from .webhooks.signing import check_secrets
 
             check_secrets(self.webhook_secret.split())
+        if self.event_loop not in EVENT_LOOPS:
+            raise ConfigurationError(
+                f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}"
+            )
         if self.default_timeout_s is not None and self.default_timeout_s <= 0:
             raise ConfigurationError("default_timeout_s must be > 0 (or unset for none)")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import uuid
@@ -10,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import uvloop
 
 from backburner.backends import Backend
 from backburner.backends.memory import MemoryBackend
@@ -18,6 +20,15 @@ from backburner.backends.sqlite import SQLiteBackend
 from backburner.clock import ManualClock
 
 BACKENDS = ["memory", "sqlite", "redis"]
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+    """A test marked ``both_event_loops`` runs on asyncio's loop and on uvloop's (the CLI's
+    default where installed); the others on asyncio's."""
+    if item.get_closest_marker("both_event_loops"):
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
+
 
 REDIS_TEST_URL = os.environ.get("BACKBURNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 """The shared Redis the tests use: database 15, each test under its own key prefix."""

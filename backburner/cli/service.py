@@ -30,6 +30,7 @@ from .common import (
     fail,
     job_table,
     load_app,
+    loop_factory,
     out,
     print_json,
     run,
@@ -146,6 +147,7 @@ def _serve_http(
     from ..api import create_app
 
     _check_port(settings.host, settings.port)
+    loop_factory(settings.event_loop)  # an event loop that is not installed fails here, in a line
     if warning is not None:
         err().print(warning, highlight=False, soft_wrap=True)
     url = f"http://{settings.host}:{settings.port}"
@@ -180,6 +182,7 @@ def _serve_http(
         port=settings.port,
         log_level=level.lower(),
         log_config=None,  # uvicorn's records go through our handler: JSON lines off a terminal
+        loop=settings.event_loop,
         timeout_graceful_shutdown=5,
     )
 
@@ -263,7 +266,7 @@ def worker(
             async with serve_metrics(bb, settings.host, metrics_port):
                 await bb.run_worker(concurrency=concurrency)
 
-    run(go())
+    run(go(), settings.event_loop)
 
 
 def enqueue(

@@ -121,7 +121,12 @@ class Worker:
                 asyncio.create_task(self._every(self.settings.sweep_interval_s, self._sweep)),
             ]
             self.started.set()
-            log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+            log.info(
+                "worker %s started (concurrency %d, event loop %s)",
+                self.worker_id,
+                self.concurrency,
+                type(asyncio.get_running_loop()).__module__.partition(".")[0],
+            )
             await self._claim_loop(stop_waiter)
             # A task, not an await: nothing may run before _drain has cancelled what must not.
             leaving = asyncio.create_task(self._stop_waiting())

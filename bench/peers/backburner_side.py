@@ -48,7 +48,8 @@ class Peer(common.AsyncPeer):
     dists = ("backburner",)
     setup = (
         "the backend named by --backburner-url (Redis db 8 by default): durable job records, "
-        "leases, events; tasks with max_attempts=1; `backburner worker --concurrency N`."
+        "leases, events; tasks with max_attempts=1; `backburner worker --concurrency N` (on "
+        "uvloop, its default where installed)."
     )
 
     def __init__(self) -> None:

@@ -36,7 +36,8 @@ class Peer(common.AsyncPeer):
     setup = (
         "ListQueueBroker (LPUSH/BRPOP: no acknowledgement, a job in flight is lost with its "
         "worker), no result backend; `taskiq worker --workers 1` is a supervisor process and "
-        "one worker process (RSS summed)."
+        "one worker process (RSS summed), on uvloop (taskiq's worker takes it where installed, "
+        "and backburner brings it)."
     )
 
     async def connect(self) -> ListQueueBroker:

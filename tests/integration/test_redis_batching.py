@@ -29,7 +29,8 @@ from backburner.models import Job, JobStatus
 from ..conformance._support import T0, claim_one, enqueue, error, new_job
 from ._workers import count_claims, redis_app, running_worker
 
-pytestmark = pytest.mark.timeout(60)
+# Both event loops: the batcher sends what a loop turn gathered as that turn ends.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_event_loops]
 
 
 @pytest.fixture

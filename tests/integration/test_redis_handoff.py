@@ -22,7 +22,8 @@ from ..conformance._support import T0, enqueue
 from ..conftest import REDIS_TEST_URL
 from ._workers import count_claims, redis_app, running_worker
 
-pytestmark = pytest.mark.timeout(60)
+# Both event loops: the hand-off listens with redis-py's pub/sub on the worker's loop.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.both_event_loops]
 
 
 async def registered(client: Redis, engine: RedisBackend, worker_id: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -190,3 +191,57 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
         "cannot open",
     )
     assert_one_line_error(run("tasks", "--status", "sleeping"), "unknown status")
+
+
+def _worker_started_line(tmp_path: Path, event_loop: str) -> str:
+    """Start a worker with BACKBURNER_EVENT_LOOP=event_loop, return its "started" log line
+    once it has logged it, and stop it with SIGTERM (it must exit cleanly)."""
+    env = {**os.environ, "BACKBURNER_EVENT_LOOP": event_loop}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backburner", "worker", "--backend", f"sqlite:///{tmp_path}/w.db"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # ends when the worker exits: a worker that died fails below
+            if " started (concurrency" in line:
+                return line
+        raise AssertionError(f"the worker exited with {proc.wait()} before it started")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+
+
+def test_worker_runs_on_the_event_loop_it_is_told(tmp_path: Path) -> None:
+    assert "event loop uvloop)" in _worker_started_line(tmp_path, "auto")  # installed here
+    assert "event loop uvloop)" in _worker_started_line(tmp_path, "uvloop")
+    assert "event loop asyncio)" in _worker_started_line(tmp_path, "asyncio")
+
+
+def test_an_event_loop_that_cannot_be_had_is_a_one_line_error(tmp_path: Path) -> None:
+    bogus = subprocess.run(
+        [sys.executable, "-m", "backburner", "worker"],
+        cwd=tmp_path,
+        env={**os.environ, "BACKBURNER_EVENT_LOOP": "trio"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line_error(bogus, "event_loop must be one of auto, uvloop, asyncio")
+    # uvloop asked for by name where it cannot be imported (sys.modules None: ImportError).
+    hidden = "import sys; sys.modules['uvloop'] = None; from backburner.cli import main; main()"
+    for command in ("worker", "api"):
+        missing = subprocess.run(
+            [sys.executable, "-c", hidden, command],
+            cwd=tmp_path,
+            env={**os.environ, "BACKBURNER_EVENT_LOOP": "uvloop"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert_one_line_error(missing, "event_loop is uvloop, which is not installed")

@@ -1,7 +1,9 @@
 """RedisLink: many callers, one connection, each reply to its own caller; failures surface.
 
 Against the real Redis (replies in order under load) and against a scripted loopback server
-that can go silent or hang up, to see the link give up and reconnect by itself.
+that can go silent or hang up, to see the link give up and reconnect by itself. Every test runs
+on asyncio's event loop and on uvloop's (the CLI's default where installed): the link swaps
+the protocol of a transport the loop made.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from backburner.errors import BackendConnectionError, BackendError
 
 from ..conftest import REDIS_TEST_URL, require_redis
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.both_event_loops]
 
 
 @contextlib.asynccontextmanager
