@@ -127,19 +127,21 @@ def _webhook_event(outcome: Outcome) -> str:
     return ""
 
 
-def _next_claim_arg(then_claim: NextClaim, now: float) -> str:
-    """finish.lua's next-claim argument: the claim's worker, lease end, types and limit."""
+def _next_claim_arg(then_claim: NextClaim) -> str:
+    """finish.lua's next-claim argument: the claim's worker, lease length, types and limit.
+    The same text for every finish a worker asks the same claim of, so a batch of finishes
+    decodes it once (finish_many.lua): the lease ends lease_s after each finish's now."""
     types = None if then_claim.types is None else list(then_claim.types)
     return _NEXT_CLAIM.format(
         json.dumps(then_claim.worker_id),
         json.dumps(encode(then_claim.worker_id)),
-        number(now + then_claim.lease_s),
+        number(then_claim.lease_s),
         json.dumps(types),
         int(then_claim.limit),
     )
 
 
-_NEXT_CLAIM = '{{"w":{},"j":{},"l":"{}","t":{},"n":{}}}'
+_NEXT_CLAIM = '{{"w":{},"j":{},"s":{},"t":{},"n":{}}}'
 
 
 def _finished(
@@ -437,7 +439,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             "" if claimed is not None and claimed.webhook_url is None else new_msg_id(),
             _webhook_event(outcome),
             "1" if claimed is None else "0",
-            "" if then_claim is None else _next_claim_arg(then_claim, now),
+            "" if then_claim is None else _next_claim_arg(then_claim),
             *details,
         )
         if reply[0] != b"ok":

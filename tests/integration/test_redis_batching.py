@@ -134,11 +134,12 @@ async def test_finishes_of_one_batch_share_one_claim(
     assert [j.task_id for j in held] == [j.task_id for j in running]
     queued = [await enqueue(engine, now=T0 + 1) for _ in range(3)]
     refills = [NextClaim("w1", 30.0, ["summarize"]) for _ in held]
+    nows = [T0 + 2 + i / 8 for i in range(len(held))]
     scripts_run.clear()
     await asyncio.gather(
         *(
-            engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 2, claimed=j, then_claim=r)
-            for j, r in zip(held, refills, strict=True)
+            engine.finish(j.task_id, j.fence, Complete(1), now=now, claimed=j, then_claim=r)
+            for j, r, now in zip(held, refills, nows, strict=True)
         )
     )
     assert scripts_run == {"finish": 1, "finish_many": 1}
@@ -148,6 +149,10 @@ async def test_finishes_of_one_batch_share_one_claim(
     for job in (j for r in refills for j in r.jobs):
         assert job == await engine.get(job.task_id)
         assert job.status == JobStatus.PROCESSING
+    # The first finish went alone: its claim's lease runs from its own now. The batch's one
+    # claim runs from the batch's last now.
+    assert [j.lease_expires_at for j in refills[0].jobs] == [nows[0] + 30.0]
+    assert {j.lease_expires_at for r in refills[1:] for j in r.jobs} == {nows[-1] + 30.0}
 
 
 async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:

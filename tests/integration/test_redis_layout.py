@@ -602,6 +602,16 @@ async def test_a_job_of_the_previous_release_keeps_its_webhook_from_its_spec(
     (message,) = await engine.webhook_deliveries(cancelled.task_id)
     assert (message.event, message.url) == ("task.cancelled", url)
 
+    # A worker's finish passes the job as claimed, whose url the claim read from the spec: the
+    # script, told there is a webhook, looks for it there too.
+    worked = await enqueue(engine, "summarize", now=T0 + 4, webhook_url=url)
+    await _as_the_previous_release_stored_it(client, p, worked.task_id, url)
+    claimed = await claim_one(engine, worked.task_id, now=T0 + 4)
+    assert claimed.webhook_url == url
+    await engine.finish(worked.task_id, claimed.fence, Complete(1), now=T0 + 5, claimed=claimed)
+    (message,) = await engine.webhook_deliveries(worked.task_id)
+    assert (message.event, message.url) == ("task.completed", url)
+
     # Without a webhook_url anywhere, nothing is written, even when the input names one.
     plain = await enqueue(engine, "other", {"webhook_url": url}, now=T0 + 5)
     claimed = await claim_one(engine, plain.task_id, now=T0 + 5)

@@ -1,5 +1,5 @@
 -- ARGV: P, id, fence, now, only_if_lease_expired 0|1, msg_id, webhook event|'', want job 1|0,
--- next claim (JSON: {w: worker id, j: it as JSON, l: lease until, t: types or null, n: limit})
+-- next claim (JSON: {w: worker id, j: it as JSON, s: lease seconds, t: types or null, n: limit})
 -- or '', kind, ...
 --   complete: result, usage|'', event data
 --   fail:     error, dead-letter ttl
@@ -33,7 +33,10 @@ local cur, ik = f[4], f[9]
 local parent = parent_of(f[16]) -- a child counts as open until it is terminal
 local attempts = tonumber(f[7]) or 0
 local url = f[12] -- nil for a job of the previous release: its spec holds it
-if not url and (kind == 'complete' or kind == 'fail') then url = spec_webhook_url(id) end
+-- No message id: the caller saw the job has no webhook_url (its claim read spec and hash).
+if not url and msg ~= '' and (kind == 'complete' or kind == 'fail') then
+  url = spec_webhook_url(id)
+end
 local ttl = 0
 if kind == 'complete' then ttl = job_ttl(id, f[8]) end
 local tag = tonumber(f[15]) -- a Release puts the job back at its place in its line
@@ -128,11 +131,11 @@ else
 end
 local claimed = {}
 if ARGV[9] ~= '' then
-  local ok, ask = pcall(cjson.decode, ARGV[9])
-  if ok and type(ask) == 'table' and type(ask.w) == 'string' and type(ask.j) == 'string' then
+  local ask = next_claim(ARGV[9])
+  if ask then
     local types = ask.t
     if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
-    claimed = claim_for(ask.w, ask.j, now, ask.l, types, tonumber(ask.n) or 1)
+    claimed = claim_for(ask.w, ask.j, now, lease_until(now, ask.s), types, tonumber(ask.n) or 1)
   end
 end
 reply[#reply + 1] = claimed

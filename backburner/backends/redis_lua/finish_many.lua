@@ -5,6 +5,8 @@
 -- claims of one. Each asker's reply gets its share as finish alone would have given it.
 local out, at = {}, 3
 local askers, asks, order = {}, {}, {} -- worker id -> replies waiting; -> its latest ask
+local decoded = {} -- a next-claim argument -> it decoded (false: not one): a worker's finishes
+-- send the same text, decoded once
 for k = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[at])
   local args = {ARGV[1]}
@@ -18,9 +20,13 @@ for k = 1, tonumber(ARGV[2]) do
   reply = reply or false
   out[k] = reply
   if ask_json ~= '' and type(reply) == 'table' and reply[1] == 'ok' then
-    local ok, ask = pcall(cjson.decode, ask_json)
-    if ok and type(ask) == 'table' and type(ask.w) == 'string' and type(ask.j) == 'string' then
-      ask.now = args[4]
+    local ask = decoded[ask_json]
+    if ask == nil then
+      ask = next_claim(ask_json) or false
+      decoded[ask_json] = ask
+    end
+    if ask then
+      ask.now = args[4] -- the latest: its lease ends lease seconds after the batch's last now
       if not askers[ask.w] then
         askers[ask.w] = {}
         order[#order + 1] = ask.w
@@ -37,7 +43,8 @@ for _, wid in ipairs(order) do
   local types = ask.t
   if type(types) ~= 'table' then types = redis.call('SMEMBERS', P .. 'types') end
   -- An error here fails no finish (they are applied): that worker just gets no jobs.
-  local ok, jobs = pcall(claim_for, wid, ask.j, ask.now, ask.l, types, #waiting)
+  local ok, jobs = pcall(claim_for, wid, ask.j, ask.now, lease_until(ask.now, ask.s), types,
+    #waiting)
   if not ok then jobs = {} end
   for i, doc in ipairs(jobs) do
     local claimed = waiting[i]

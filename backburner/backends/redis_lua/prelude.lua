@@ -532,6 +532,20 @@ local function hand_off(ty, now)
   return true
 end
 
+-- A finish's next-claim argument (JSON: redis.py _next_claim_arg) decoded, or nil if it is not
+-- one: {w: worker id, j: it as JSON text, s: lease seconds (a number), t: types or nil, n}.
+local function next_claim(text)
+  local ok, ask = pcall(cjson.decode, text)
+  if ok and type(ask) == 'table' and type(ask.w) == 'string' and type(ask.j) == 'string'
+    and type(ask.s) == 'number' then
+    return ask
+  end
+  return nil
+end
+
+-- The end of a lease of s seconds from now (text), as exact text (Python's float sum).
+local function lease_until(now, s) return num(tonumber(now) + s) end
+
 -- A worker's claim (claim.lua, and a finish that fills the slot it frees): ends the worker's
 -- idle registration (nothing is handed to it while it claims), moves the delayed jobs that
 -- are due into their tenants' lines (by run_at, then enqueue order), then claims up to limit
