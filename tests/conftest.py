@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import socket
 import uuid
@@ -11,7 +12,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import uvloop
 
 from backburner.backends import Backend
 from backburner.backends.memory import MemoryBackend
@@ -25,9 +25,16 @@ BACKENDS = ["memory", "sqlite", "redis"]
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
     """A test marked ``both_event_loops`` runs on asyncio's loop and on uvloop's (the CLI's
     default where installed); the others on asyncio's."""
-    if item.get_closest_marker("both_event_loops"):
+    if item.get_closest_marker("both_event_loops") and uvloop_installed():
+        import uvloop
+
         return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
     return {"asyncio": asyncio.new_event_loop}
+
+
+def uvloop_installed() -> bool:
+    """uvloop comes with backburner except where it does not run (Windows, PyPy)."""
+    return importlib.util.find_spec("uvloop") is not None
 
 
 REDIS_TEST_URL = os.environ.get("BACKBURNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -146,8 +146,11 @@ def _serve_http(
 
     from ..api import create_app
 
+    # The app's own setting, as for everything else the worker runs by (the environment's, for
+    # the built-in app); one that is not installed fails here, in a line.
+    event_loop = bb.settings.event_loop
+    loop_factory(event_loop)
     _check_port(settings.host, settings.port)
-    loop_factory(settings.event_loop)  # an event loop that is not installed fails here, in a line
     if warning is not None:
         err().print(warning, highlight=False, soft_wrap=True)
     url = f"http://{settings.host}:{settings.port}"
@@ -182,7 +185,7 @@ def _serve_http(
         port=settings.port,
         log_level=level.lower(),
         log_config=None,  # uvicorn's records go through our handler: JSON lines off a terminal
-        loop=settings.event_loop,
+        loop=event_loop,
         timeout_graceful_shutdown=5,
     )
 
@@ -266,7 +269,7 @@ def worker(
             async with serve_metrics(bb, settings.host, metrics_port):
                 await bb.run_worker(concurrency=concurrency)
 
-    run(go(), settings.event_loop)
+    run(go(), bb.settings.event_loop)  # the app's setting, like everything the worker runs by
 
 
 def enqueue(

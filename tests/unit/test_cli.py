@@ -16,6 +16,7 @@ import httpx
 from backburner.providers.local import local_available
 from backburner.webhooks import sign, verify
 
+from ..conftest import uvloop_installed
 from ..live_server import live_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,34 +194,51 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert_one_line_error(run("tasks", "--status", "sleeping"), "unknown status")
 
 
-def _worker_started_line(tmp_path: Path, event_loop: str) -> str:
-    """Start a worker with BACKBURNER_EVENT_LOOP=event_loop, return its "started" log line
-    once it has logged it, and stop it with SIGTERM (it must exit cleanly)."""
-    env = {**os.environ, "BACKBURNER_EVENT_LOOP": event_loop}
+def _worker_started_line(tmp_path: Path, event_loop: str, *app: str) -> str:
+    """Start a worker (of ``app``, else the built-in one on SQLite) with
+    BACKBURNER_EVENT_LOOP=event_loop, return its "started" log line once it has logged it, and
+    stop it with SIGTERM (it must exit cleanly)."""
+    backend = () if app else ("--backend", f"sqlite:///{tmp_path}/w.db")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backburner", "worker", "--backend", f"sqlite:///{tmp_path}/w.db"],
+        [sys.executable, "-m", "backburner", "worker", *app, *backend],
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, "BACKBURNER_EVENT_LOOP": event_loop},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    started = None
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # ends when the worker exits: a worker that died fails below
             if " started (concurrency" in line:
-                return line
-        raise AssertionError(f"the worker exited with {proc.wait()} before it started")
+                started = line
+                break
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
-        assert proc.returncode == 0
+    assert started is not None, f"the worker exited with {proc.returncode} before it started"
+    assert proc.returncode == 0
+    return started
 
 
 def test_worker_runs_on_the_event_loop_it_is_told(tmp_path: Path) -> None:
-    assert "event loop uvloop)" in _worker_started_line(tmp_path, "auto")  # installed here
-    assert "event loop uvloop)" in _worker_started_line(tmp_path, "uvloop")
+    installed = "uvloop" if uvloop_installed() else "asyncio"
+    assert f"event loop {installed})" in _worker_started_line(tmp_path, "auto")
+    if uvloop_installed():
+        assert "event loop uvloop)" in _worker_started_line(tmp_path, "uvloop")
     assert "event loop asyncio)" in _worker_started_line(tmp_path, "asyncio")
+
+
+def test_the_apps_own_event_loop_setting_wins(tmp_path: Path) -> None:
+    """A worker of an app made with Settings(event_loop="asyncio") runs on asyncio's loop,
+    whatever the environment says, as it runs by the app's other settings."""
+    (tmp_path / "loopapp.py").write_text(
+        "from backburner import Backburner, Settings\n"
+        f"bb = Backburner(settings=Settings(backend_url='sqlite:///{tmp_path}/a.db',"
+        " event_loop='asyncio'))\n"
+    )
+    assert "event loop asyncio)" in _worker_started_line(tmp_path, "auto", "loopapp:bb")
 
 
 def test_an_event_loop_that_cannot_be_had_is_a_one_line_error(tmp_path: Path) -> None:
