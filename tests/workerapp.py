@@ -20,9 +20,17 @@ def _mark(marker_dir: str | None, task_id: str, line: str) -> None:
 
 
 @bb.task(max_attempts=5)
-async def sleepy(ctx: JobContext, seconds: float, marker_dir: str | None = None) -> dict[str, Any]:
-    """Sleeps; leaves one 'start' line per execution and a 'stop' line with the time it ended."""
+async def sleepy(
+    ctx: JobContext,
+    seconds: float,
+    marker_dir: str | None = None,
+    retry_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Sleeps (``retry_seconds`` from the second attempt on, if given); leaves one 'start'
+    line per execution and a 'stop' line with the time it ended."""
     _mark(marker_dir, ctx.job_id, f"start {os.getpid()} {ctx.attempt}")
+    if retry_seconds is not None and ctx.attempt > 1:
+        seconds = retry_seconds
     try:
         await ctx.emit("tick", {"pid": os.getpid()})
         await asyncio.sleep(seconds)

@@ -67,16 +67,25 @@ async def wait_registered(bb: Backburner, proc: subprocess.Popen[bytes]) -> str:
     return found[0]
 
 
+async def wait_started(bb: Backburner, task_id: str) -> None:
+    """Until the job's handler runs (its first event): a job claimed for a worker is
+    ``processing`` before the worker has it (a hand-off is claimed by the enqueue), and a
+    worker that stops before taking it hands it back unstarted."""
+
+    async def ticked() -> bool:
+        return any(e.type == "tick" for e in await bb.events(task_id))
+
+    await eventually(ticked, timeout=30, message="started")
+
+
 async def start_running(
     bb: Backburner, spawn: Spawn, payload: dict[str, object], **settings: float
 ) -> tuple[subprocess.Popen[bytes], Job]:
-    """A fresh worker process, and a job of ours that it has claimed."""
+    """A fresh worker process, and a job of ours that it has started."""
     proc = spawn(**settings)
     await wait_registered(bb, proc)
     job = await bb.enqueue("sleepy", payload)
-    await eventually(
-        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
-    )
+    await wait_started(bb, job.task_id)
     return proc, job
 
 
@@ -90,10 +99,11 @@ async def test_sigkill_mid_job_another_worker_finishes_it(
 ) -> None:
     first = spawn()
     await wait_registered(bb, first)
-    job = await bb.enqueue("sleepy", {"seconds": 1.0, "marker_dir": str(tmp_path)})
-    await eventually(
-        lambda: _status(bb, job.task_id, JobStatus.PROCESSING), timeout=30, message="claimed"
-    )
+    # Long enough to outlast the second worker's start (seconds on a busy machine); its
+    # rerun is short.
+    payload = {"seconds": 60, "retry_seconds": 1.0, "marker_dir": str(tmp_path)}
+    job = await bb.enqueue("sleepy", payload)
+    await wait_started(bb, job.task_id)
     second = spawn()
     await wait_registered(bb, second)
     first.kill()  # SIGKILL: no cleanup, the lease must expire
@@ -235,7 +245,3 @@ async def test_idempotent_enqueue_across_processes_makes_one_job(
     assert len(ids) == 1
     page = await bb.list(limit=1000)
     assert [j.task_id for j in page.jobs] == list(ids)
-
-
-async def _status(bb: Backburner, task_id: str, status: JobStatus) -> bool:
-    return (await bb.get(task_id)).status == status
