@@ -251,11 +251,15 @@ class Worker:
         if not leftover:
             await self._end_hooks()
             return
+        forced = self._force.is_set()
         log.info("handing %d unfinished jobs back to the queue", len(leftover))
         for attempt in leftover:
-            self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
+            # A job whose outcome is being written is done: after a grace its write may land
+            # (the wait below); only a forced stop cuts it short.
+            if forced or not attempt.storing:
+                self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
         tasks = [a.task for a in leftover if a.task is not None]
-        await asyncio.wait(tasks, timeout=1.0 if self._force.is_set() else 10.0)
+        await asyncio.wait(tasks, timeout=1.0 if forced else 10.0)
         # A task cancelled before its first step never ran its own hand-back: do it here.
         unsettled = [a for a in leftover if not a.settled]
         if unsettled:

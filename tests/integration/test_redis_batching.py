@@ -245,6 +245,45 @@ async def test_a_lua_error_fails_its_own_call_and_leaves_the_others_applied(
     assert await client.lrange(engine._p + "echo", 0, -1) == [b"a", b"b", b"c"]
 
 
+async def test_a_batch_reply_of_the_wrong_shape_fails_its_callers(engine: RedisBackend) -> None:
+    """A batch answered with fewer replies than calls (a script of another release, say)
+    fails every caller of that batch with a BackendError: none is left waiting."""
+    body = "return ARGV[2]"
+    batched = "return {'one reply for them all'}"
+    for source in (body, batched):
+        await engine._conn().call("SCRIPT", "LOAD", source)
+    batcher = ScriptBatcher(
+        engine._conn, Script("echo", body), Script("echo_many", batched), (), engine._p
+    )
+    calls = (batcher.call((w,)) for w in ["a", "b", "c"])
+    replies = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
+    assert replies[0] == b"a"  # the first call of the turn went alone
+    for reply in replies[1:]:
+        assert isinstance(reply, BackendError) and "a batch of 2 calls" in str(reply), reply
+
+
+async def test_a_lua_error_in_a_finish_batch_fails_that_finish_alone(
+    engine: RedisBackend, client: Redis, scripts_run: Counter[str]
+) -> None:
+    """finish_many runs each finish under its own pcall: a finish that errors half-way (here
+    its event stream is not a stream: a damaged store) fails its caller; the others apply."""
+    jobs = [await enqueue(engine) for _ in range(3)]
+    held = await engine.claim("w1", limit=3, now=T0, lease_s=30)
+    assert [j.task_id for j in held] == [j.task_id for j in jobs]
+    await client.set(engine._p + "e:" + held[1].task_id, "not a stream")
+    scripts_run.clear()
+    done = await asyncio.gather(
+        *(engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 1) for j in held),
+        return_exceptions=True,
+    )
+    assert scripts_run == {"finish": 1, "finish_many": 1}  # the 2nd and 3rd in one batch
+    assert isinstance(done[1], BackendError) and "WRONGTYPE" in str(done[1]), done[1]
+    for finished in (done[0], done[2]):
+        assert isinstance(finished, Job) and finished.status == JobStatus.COMPLETED
+    third = await engine.get(held[2].task_id)
+    assert third is not None and third.status == JobStatus.COMPLETED
+
+
 async def test_a_call_cancelled_before_its_batch_leaves_is_not_sent(
     engine: RedisBackend, client: Redis
 ) -> None:

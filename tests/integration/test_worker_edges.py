@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from backburner import Backburner, Hooks, Job
 from backburner.backends import Backend
-from backburner.backends.base import Outcome
+from backburner.backends.base import Complete, Outcome
 from backburner.context import JobContext
 from backburner.models import JobStatus
 
@@ -111,10 +114,12 @@ async def test_slow_hooks_are_not_cut_off_by_heartbeats(backend: Backend) -> Non
 
 
 class StopOnClaim:
-    """Wraps a backend; both shutdown requests arrive the moment a claim returns."""
+    """Wraps a backend; ``requests`` shutdown requests arrive the moment a claim returns (two:
+    the second skips the grace period)."""
 
-    def __init__(self, inner: Backend) -> None:
+    def __init__(self, inner: Backend, requests: int = 2) -> None:
         self.inner = inner
+        self.requests = requests
         self.worker: Any = None
 
     def __getattr__(self, name: str) -> Any:
@@ -123,13 +128,16 @@ class StopOnClaim:
     async def claim(self, *args: Any, **kw: Any) -> list[Job]:
         jobs: list[Job] = await self.inner.claim(*args, **kw)
         if jobs:
-            self.worker.shutdown()
-            self.worker.shutdown()  # the second request: no grace period
+            for _ in range(self.requests):
+                self.worker.shutdown()
         return jobs
 
 
-async def test_forced_shutdown_before_jobs_start_hands_them_all_back(backend: Backend) -> None:
-    store = StopOnClaim(backend)
+@pytest.mark.parametrize("requests", [1, 2], ids=["graceful", "forced"])
+async def test_jobs_a_claim_returns_as_a_shutdown_begins_go_back_unstarted(
+    backend: Backend, requests: int
+) -> None:
+    store = StopOnClaim(backend, requests)
     bb = Backburner(store, settings=FAST.replace(shutdown_grace_s=60))  # type: ignore[arg-type]
     started: list[str] = []
 
@@ -147,3 +155,64 @@ async def test_forced_shutdown_before_jobs_start_hands_them_all_back(backend: Ba
         assert back.status == JobStatus.QUEUED, back
         assert back.attempts == 0 and back.max_attempts == 1
     assert worker.running == {}
+
+
+class GatedCompletion:
+    """Wraps a backend; the write of a Complete waits at ``gate`` (a write in flight)."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.writing = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def finish(self, task_id: str, fence: int, outcome: Outcome, **kw: Any) -> Job:
+        if isinstance(outcome, Complete):
+            self.writing.set()
+            await self.gate.wait()
+        return await self.inner.finish(task_id, fence, outcome, **kw)
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` when a record containing ``text`` is logged."""
+
+    def __init__(self, text: str, event: asyncio.Event) -> None:
+        super().__init__()
+        self.text, self.event = text, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+async def test_a_write_in_flight_when_the_grace_ends_still_lands(backend: Backend) -> None:
+    store = GatedCompletion(backend)
+    bb = Backburner(store, settings=FAST.replace(shutdown_grace_s=0.1))  # type: ignore[arg-type]
+
+    @bb.task(max_attempts=1)
+    async def quick(ctx: JobContext) -> str:
+        return "done"
+
+    worker = bb.worker()
+    running = asyncio.create_task(worker.run())
+    job = await bb.enqueue("quick")
+    await asyncio.wait_for(store.writing.wait(), 20)  # its outcome is being written
+    grace_over = asyncio.Event()
+    heard = _Heard("unfinished jobs back", grace_over)
+    logger = logging.getLogger("backburner.worker")
+    level = logger.level
+    logger.addHandler(heard)
+    logger.setLevel(logging.INFO)
+    try:
+        worker.shutdown()
+        await asyncio.wait_for(grace_over.wait(), 20)  # the grace ended with the write in flight
+        store.gate.set()
+        await asyncio.wait_for(running, 20)
+    finally:
+        logger.removeHandler(heard)
+        logger.setLevel(level)
+    done = await bb.get(job.task_id)
+    assert done.status == JobStatus.COMPLETED and done.result == "done"
+    assert [h.outcome for h in done.history] == ["completed"]
