@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ..aio import wait_set
 from ..backends import Backend
 from ..models import Event, is_terminal_event
 
@@ -143,9 +144,7 @@ async def event_stream(
                     if not await backend.events(task_id, after=sub.after, limit=1):
                         return  # a resumed stream that has already seen the end
                     continue
-            try:
-                await asyncio.wait_for(sub.wake.wait(), keepalive_s)
-            except TimeoutError:
+            if not await wait_set(sub.wake, keepalive_s):
                 yield ": keep-alive\n\n"
     finally:
         hub.unsubscribe(sub)

@@ -22,6 +22,7 @@ import hiredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from ..aio import wait_set
 from ..errors import BackendConnectionError, BackendError
 
 Arg = str | bytes | int | float
@@ -328,7 +329,8 @@ class Dedicated:
     """A connection of its own for one long-lived reader (a subscription, a blocking read).
 
     Closing drops the connection first, which ends a pending read with an error, and only then
-    waits for the reader: redis-py does not always abandon a cancelled read cleanly.
+    waits for the reader: redis-py does not always abandon a cancelled read cleanly. A reader
+    still connecting or backing off sees the close as soon as it looks.
     """
 
     def __init__(self, pool: ConnectionPool) -> None:
@@ -336,6 +338,7 @@ class Dedicated:
         self.connection: AbstractConnection | None = None
         self.closing = False
         self.failures = 0
+        self._closed = asyncio.Event()
 
     async def open(self) -> AbstractConnection:
         self.connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
@@ -359,7 +362,10 @@ class Dedicated:
         resets ``failures`` to 0)."""
         while not self.closing:
             try:
-                await session(await self.open())
+                connection = await self.open()
+                if self.closing:  # close() came while the connection was being made
+                    return
+                await session(connection)
             except Exception as exc:
                 if self.closing:
                     return  # close() dropped the connection under us
@@ -369,10 +375,11 @@ class Dedicated:
                 lost(exc)
             finally:
                 await self.drop()
-            await asyncio.sleep(min(5.0, 0.05 * 2**self.failures))
+            await wait_set(self._closed, min(5.0, 0.05 * 2**self.failures))  # cut short by close()
 
     async def close(self, reader: asyncio.Task[None] | None) -> None:
         self.closing = True
+        self._closed.set()
         if self.connection is not None:
             await self.connection.disconnect(nowait=True)
         if reader is not None:

@@ -9,10 +9,10 @@ no wake-up, then claim, then reply. Any claim by the worker ends the registratio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..aio import wait_set
 from ..errors import BackendError
 from ..jsoncodec import encode
 from ..models import Job
@@ -85,8 +85,7 @@ class RedisWaiting:
                     due_in = float(next_due) - now - elapsed if next_due != b"0" else 0.0
                     timeout = 0.0 if due_in <= 0 else min(timeout, due_in + elapsed)
                 if timeout > elapsed and not (inbox is not None and inbox.docs):
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), timeout - elapsed)
+                    await wait_set(woken, timeout - elapsed)
             finally:
                 if inbox is not None:
                     inbox.notify = None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisError
 
+from ..aio import wait_set
 from .redis_link import Dedicated, pack
 
 log = logging.getLogger("backburner.redis")
@@ -102,8 +103,7 @@ class WakeChannel:
                 pass
             else:
                 # One connection: what was published before arrives before the confirmation.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(inbox.unsubscribed.wait(), 2.0)
+                await wait_set(inbox.unsubscribed, 2.0)
         self._inboxes.pop(key, None)
         return inbox.take()
 
@@ -117,11 +117,7 @@ class WakeChannel:
 
     async def ready(self, timeout: float) -> bool:
         """Wait until the subscription is live; False if it is not within ``timeout``."""
-        if self._subscribed.is_set():
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._subscribed.wait(), timeout)
-        return self._subscribed.is_set()
+        return await wait_set(self._subscribed, timeout)
 
     async def close(self) -> None:
         await self._dedicated.close(self._task)

@@ -60,7 +60,8 @@ class StreamWatcher:
         if self._reading is not None and not set(after) <= self._reading:
             self._unblock()
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.done), timeout)
+            async with asyncio.timeout(timeout):  # (not wait_for: it can lose a cancel, aio.py)
+                return await asyncio.shield(waiter.done)
         except TimeoutError:
             return {}
         finally:
@@ -133,10 +134,10 @@ class StreamWatcher:
         self._reading = set(ids)
         try:
             await connection.send_packed_command(pack([command]), check_health=False)
-            reply: Any = await asyncio.wait_for(
-                connection.read_response(timeout=math.inf, disconnect_on_error=False),
-                BLOCK_S + 5,
-            )
+            async with asyncio.timeout(BLOCK_S + 5):
+                reply: Any = await connection.read_response(
+                    timeout=math.inf, disconnect_on_error=False
+                )
         finally:
             self._reading = None
         heads: dict[str, int] = {}

@@ -10,7 +10,6 @@ are found by polling every ``POLL_S``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from ..aio import wait_set
 from ..errors import BackburnerError, UnsafeURLError
 from ..hooks import Hooks
 from ..models import (
@@ -310,5 +310,4 @@ async def _discard(response: httpx.Response) -> None:
 
 
 async def _pause(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)
+    await wait_set(stopping, seconds)

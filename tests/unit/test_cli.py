@@ -22,10 +22,19 @@ from ..live_server import live_server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str, cwd: Path = ROOT, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str,
+    cwd: Path = ROOT,
+    timeout: float = 90,
+    env: dict[str, str] | None = None,
+    python_args: tuple[str, ...] = ("-m", "backburner"),
+) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child process (``python_args`` in place of ``-m backburner`` to wrap it;
+    ``env`` adds to this process's environment)."""
     return subprocess.run(
-        [sys.executable, "-m", "backburner", *args],
+        [sys.executable, *python_args, *args],
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -242,24 +251,16 @@ def test_the_apps_own_event_loop_setting_wins(tmp_path: Path) -> None:
 
 
 def test_an_event_loop_that_cannot_be_had_is_a_one_line_error(tmp_path: Path) -> None:
-    bogus = subprocess.run(
-        [sys.executable, "-m", "backburner", "worker"],
-        cwd=tmp_path,
-        env={**os.environ, "BACKBURNER_EVENT_LOOP": "trio"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bogus = run("worker", cwd=tmp_path, timeout=60, env={"BACKBURNER_EVENT_LOOP": "trio"})
     assert_one_line_error(bogus, "event_loop must be one of auto, uvloop, asyncio")
     # uvloop asked for by name where it cannot be imported (sys.modules None: ImportError).
     hidden = "import sys; sys.modules['uvloop'] = None; from backburner.cli import main; main()"
     for command in ("worker", "api"):
-        missing = subprocess.run(
-            [sys.executable, "-c", hidden, command],
+        missing = run(
+            command,
             cwd=tmp_path,
-            env={**os.environ, "BACKBURNER_EVENT_LOOP": "uvloop"},
-            capture_output=True,
-            text=True,
             timeout=60,
+            env={"BACKBURNER_EVENT_LOOP": "uvloop"},
+            python_args=("-c", hidden),
         )
         assert_one_line_error(missing, "event_loop is uvloop, which is not installed")
