@@ -330,7 +330,7 @@ class Dedicated:
 
     Closing drops the connection first, which ends a pending read with an error, and only then
     waits for the reader: redis-py does not always abandon a cancelled read cleanly. A reader
-    still connecting or backing off sees the close as soon as it looks.
+    still connecting or backing off is cancelled at once.
     """
 
     def __init__(self, pool: ConnectionPool) -> None:
@@ -382,8 +382,10 @@ class Dedicated:
         self._closed.set()
         if self.connection is not None:
             await self.connection.disconnect(nowait=True)
+        elif reader is not None:
+            reader.cancel()  # connecting or backing off, not reading: a cancel is clean
         if reader is not None:
             done, _ = await asyncio.wait({reader}, timeout=1.0)
-            if not done:  # it was sleeping between reconnects, not reading
+            if not done:  # a read redis-py did not give up when its connection went
                 reader.cancel()
                 await asyncio.wait({reader}, timeout=1.0)

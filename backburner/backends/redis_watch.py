@@ -63,6 +63,8 @@ class StreamWatcher:
             async with asyncio.timeout(timeout):  # (not wait_for: it can lose a cancel, aio.py)
                 return await asyncio.shield(waiter.done)
         except TimeoutError:
+            if waiter.done.done():  # answered in the turn the time ran out
+                return waiter.done.result()
             return {}
         finally:
             self._waiters.discard(waiter)
@@ -70,6 +72,7 @@ class StreamWatcher:
     async def close(self) -> None:
         if self._unblocking is not None:
             self._unblocking.cancel()
+        self._changed.set()  # a reader with nothing to watch waits on this, not on Redis
         await self._dedicated.close(self._task)
         self._task = self._unblocking = None
 
@@ -95,7 +98,7 @@ class StreamWatcher:
         await connection.send_packed_command(pack([("CLIENT", "ID")]))
         self._client_id = int(await connection.read_response())
         try:
-            while True:
+            while not self._dedicated.closing:
                 await self._read_once(connection)
                 self._dedicated.failures = 0
         finally:

@@ -245,7 +245,9 @@ class Worker:
         if (self.running or self._finishing) and not self._force.is_set():
             force = asyncio.create_task(self._force.wait())
             tasks = [a.task for a in self.running.values() if a.task]
-            await self._wait_or_force([*tasks, *self._finishing], force)
+            await self._wait_or_force(
+                [*tasks, *self._finishing], force, self.settings.shutdown_grace_s
+            )
             force.cancel()
         leftover = list(self.running.values())
         if not leftover:
@@ -255,11 +257,21 @@ class Worker:
         log.info("handing %d unfinished jobs back to the queue", len(leftover))
         for attempt in leftover:
             # A job whose outcome is being written is done: after a grace its write may land
-            # (the wait below); only a forced stop cuts it short.
+            # (up to 10 s more); a forced stop, before or during that wait, cuts it short.
             if forced or not attempt.storing:
                 self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
         tasks = [a.task for a in leftover if a.task is not None]
-        await asyncio.wait(tasks, timeout=1.0 if forced else 10.0)
+        if forced:
+            await asyncio.wait(tasks, timeout=1.0)
+        else:
+            force = asyncio.create_task(self._force.wait())
+            await self._wait_or_force(tasks, force, 10.0)
+            force.cancel()
+            late = [a for a in leftover if a.storing and a.task and not a.task.done()]
+            for attempt in late:
+                self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
+            if late:
+                await asyncio.wait([a.task for a in late if a.task], timeout=1.0)
         # A task cancelled before its first step never ran its own hand-back: do it here.
         unsettled = [a for a in leftover if not a.settled]
         if unsettled:
@@ -281,15 +293,17 @@ class Worker:
         await self._hand_back(attempt.job)
         attempt.settled = True
 
+    @staticmethod
     async def _wait_or_force(
-        self, tasks: list[asyncio.Task[None]], force: asyncio.Task[Any]
+        tasks: list[asyncio.Task[None]], force: asyncio.Task[Any], timeout: float
     ) -> None:
+        """Until every task is done, a forced stop or ``timeout`` seconds, whichever is first."""
+        if not tasks:
+            return
         all_done = asyncio.ensure_future(asyncio.wait(tasks))
         try:
             await asyncio.wait(
-                {all_done, force},
-                timeout=self.settings.shutdown_grace_s,
-                return_when=asyncio.FIRST_COMPLETED,
+                {all_done, force}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             all_done.cancel()

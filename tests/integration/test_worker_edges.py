@@ -187,7 +187,9 @@ class _Heard(logging.Handler):
             self.event.set()
 
 
-async def test_a_write_in_flight_when_the_grace_ends_still_lands(backend: Backend) -> None:
+@pytest.mark.parametrize("second_signal", [False, True], ids=["graceful", "then-forced"])
+async def test_a_write_in_flight_when_the_grace_ends(backend: Backend, second_signal: bool) -> None:
+    """After the grace, a write in flight may land; a second signal cuts it short at once."""
     store = GatedCompletion(backend)
     bb = Backburner(store, settings=FAST.replace(shutdown_grace_s=0.1))  # type: ignore[arg-type]
 
@@ -208,11 +210,20 @@ async def test_a_write_in_flight_when_the_grace_ends_still_lands(backend: Backen
     try:
         worker.shutdown()
         await asyncio.wait_for(grace_over.wait(), 20)  # the grace ended with the write in flight
-        store.gate.set()
-        await asyncio.wait_for(running, 20)
+        if second_signal:
+            worker.shutdown()
+            # Well within the 10 s a write in flight is otherwise given.
+            await asyncio.wait_for(running, 8)
+        else:
+            store.gate.set()
+            await asyncio.wait_for(running, 20)
     finally:
+        store.gate.set()
         logger.removeHandler(heard)
         logger.setLevel(level)
     done = await bb.get(job.task_id)
-    assert done.status == JobStatus.COMPLETED and done.result == "done"
-    assert [h.outcome for h in done.history] == ["completed"]
+    if second_signal:
+        assert done.status == JobStatus.QUEUED and done.attempts == 0, done  # handed back
+    else:
+        assert done.status == JobStatus.COMPLETED and done.result == "done"
+        assert [h.outcome for h in done.history] == ["completed"]

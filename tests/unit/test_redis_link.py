@@ -17,7 +17,7 @@ import hiredis
 import pytest
 from redis.asyncio import ConnectionPool
 
-from backburner.backends.redis_link import RedisLink
+from backburner.backends.redis_link import Dedicated, RedisLink
 from backburner.errors import BackendConnectionError, BackendError
 
 from ..conftest import REDIS_TEST_URL, require_redis
@@ -165,3 +165,30 @@ async def test_redis_py_still_sees_the_connection_close_after_the_link_took_it()
         # a disconnect that waits for it times out.
         await asyncio.wait_for(pipe.connection.disconnect(), 2)
         assert not pipe.alive
+
+
+async def test_closing_a_reader_still_connecting_returns_at_once() -> None:
+    """A dedicated reader whose connection is not made yet (here: its SELECT unanswered) is
+    cancelled by close(), not waited for."""
+    async with ScriptedServer() as server:
+        server.silent = True
+        url = f"redis://127.0.0.1:{server.port}/1"  # db 1: connecting sends SELECT
+        pool = ConnectionPool.from_url(url, protocol=2, socket_connect_timeout=2)
+        dedicated = Dedicated(pool)
+        sessions: list[object] = []
+
+        async def session(connection: object) -> None:
+            sessions.append(connection)
+
+        reader = asyncio.create_task(dedicated.serve(session, lost=lambda _: None, where="t"))
+        try:
+            while not any(c[0] == b"SELECT" for c in server.received):
+                await asyncio.sleep(0.01)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await dedicated.close(reader)
+            assert loop.time() - started < 0.5  # not close's 1 s wait for a reader
+            assert reader.done() and sessions == []
+        finally:
+            reader.cancel()
+            await pool.disconnect()
