@@ -362,10 +362,7 @@ class Dedicated:
         resets ``failures`` to 0)."""
         while not self.closing:
             try:
-                connection = await self.open()
-                if self.closing:  # close() came while the connection was being made
-                    return
-                await session(connection)
+                await session(await self.open())
             except Exception as exc:
                 if self.closing:
                     return  # close() dropped the connection under us

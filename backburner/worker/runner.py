@@ -243,12 +243,8 @@ class Worker:
 
     async def _drain(self) -> None:
         if (self.running or self._finishing) and not self._force.is_set():
-            force = asyncio.create_task(self._force.wait())
             tasks = [a.task for a in self.running.values() if a.task]
-            await self._wait_or_force(
-                [*tasks, *self._finishing], force, self.settings.shutdown_grace_s
-            )
-            force.cancel()
+            await self._wait_or_force([*tasks, *self._finishing], self.settings.shutdown_grace_s)
         leftover = list(self.running.values())
         if not leftover:
             await self._end_hooks()
@@ -264,9 +260,7 @@ class Worker:
         if forced:
             await asyncio.wait(tasks, timeout=1.0)
         else:
-            force = asyncio.create_task(self._force.wait())
-            await self._wait_or_force(tasks, force, 10.0)
-            force.cancel()
+            await self._wait_or_force(tasks, 10.0)
             late = [a for a in leftover if a.storing and a.task and not a.task.done()]
             for attempt in late:
                 self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
@@ -293,20 +287,19 @@ class Worker:
         await self._hand_back(attempt.job)
         attempt.settled = True
 
-    @staticmethod
-    async def _wait_or_force(
-        tasks: list[asyncio.Task[None]], force: asyncio.Task[Any], timeout: float
-    ) -> None:
+    async def _wait_or_force(self, tasks: list[asyncio.Task[None]], timeout: float) -> None:
         """Until every task is done, a forced stop or ``timeout`` seconds, whichever is first."""
         if not tasks:
             return
         all_done = asyncio.ensure_future(asyncio.wait(tasks))
+        force = asyncio.ensure_future(self._force.wait())
         try:
             await asyncio.wait(
                 {all_done, force}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             all_done.cancel()
+            force.cancel()
 
     # -- one job -----------------------------------------------------------------------------
 
