@@ -3,7 +3,8 @@
 A worker that waits registers as idle (``redis_lua/idle.lua``) once its hand-off channel is
 subscribed; an enqueue that finds it claims the job for it and publishes the job on that
 channel (prelude ``hand_off``). The job reaches the worker in the enqueue's own round trip:
-no wake-up, then claim, then reply. Any claim by the worker ends the registration.
+no wake-up, then claim, then reply. A claim of the worker's own ends the registration
+(the claim a finish makes for the slot it frees does not).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from backburner import Backburner, JobContext
 from backburner.backends import redis_waiting
-from backburner.backends.base import Release
+from backburner.backends.base import Complete, NextClaim, Release
 from backburner.backends.redis import RedisBackend
 from backburner.models import JobStatus
 
@@ -174,6 +174,36 @@ async def test_ready_work_of_its_other_types_goes_first(
     await registered(client, engine, "w1")  # the registration outlives the wait
     job = await enqueue(engine, now=T0 + 2)
     assert (await engine.get(job.task_id)).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert await engine.stop_waiting("w1") == []
+
+
+@pytest.mark.parametrize("finishes", [1, 3], ids=["one finish", "a batch of finishes"])
+async def test_a_finish_claiming_for_its_freed_slot_leaves_the_registration(
+    engine: RedisBackend, client: Redis, finishes: int
+) -> None:
+    # w1 runs jobs in some slots and waits for work for the others; when its jobs end, their
+    # finishes claim for the slots they free (nothing is queued): w1 still waits, and the next
+    # job is handed to it rather than left for a wake-up and a claim.
+    for _ in range(finishes):
+        await enqueue(engine, now=T0)
+    held = await engine.claim("w1", limit=finishes, now=T0, lease_s=30, types=["summarize"])
+    assert len(held) == finishes
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1")
+    )
+    await registered(client, engine, "w1")
+    refills = [NextClaim("w1", 30.0, ["summarize"]) for _ in held]
+    await asyncio.gather(
+        *(
+            engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 1, claimed=j, then_claim=r)
+            for j, r in zip(held, refills, strict=True)
+        )
+    )
+    assert [r.jobs for r in refills] == [[] for _ in held]
+    assert await client.hexists("{" + engine.prefix + "}:idlew", "w1")
+    job = await enqueue(engine, now=T0 + 2)
+    handed = await asyncio.wait_for(waiting, 5)
+    assert [h.task_id for h in handed] == [job.task_id]
     assert await engine.stop_waiting("w1") == []
 
 

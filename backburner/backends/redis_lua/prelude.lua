@@ -470,8 +470,8 @@ end
 -- matter) for each type it runs, and in IDLEW (worker id -> {t: its types, j: its id as JSON
 -- text, l: its lease_s}, as JSON). An enqueue that finds one claims the job for it (the claim
 -- it would have made itself) and publishes the job on {bb}:hand:<worker id>, to which the
--- worker listens: it starts the job without a round trip of its own. A claim by the worker,
--- a hand-off to it or its leaving ends the registration; a worker that dies stays registered
+-- worker listens: it starts the job without a round trip of its own. A claim of the worker's
+-- own (not a finish's), a hand-off to it or its leaving ends the registration; a worker that dies stays registered
 -- until it lapses (a job handed to it then runs again when its lease expires).
 local IDLEW = P .. 'idlew'
 local function idlekey(ty) return P .. 'idle:' .. ty end
@@ -546,12 +546,12 @@ end
 -- The end of a lease of s seconds from now (text), as exact text (Python's float sum).
 local function lease_until(now, s) return num(tonumber(now) + s) end
 
--- A worker's claim (claim.lua, and a finish that fills the slot it frees): ends the worker's
--- idle registration (nothing is handed to it while it claims), moves the delayed jobs that
--- are due into their tenants' lines (by run_at, then enqueue order), then claims up to limit
--- jobs of types (a list) with leases until lease. Returns them as claim_jobs does.
+-- A worker's claim (claim.lua, and a finish that fills the slot it frees): moves the delayed
+-- jobs that are due into their tenants' lines (by run_at, then enqueue order), then claims up
+-- to limit jobs of types (a list) with leases until lease. Returns them as claim_jobs does.
+-- It leaves the worker's idle registration alone: a finish's claim is for the slot the finish
+-- frees, while the worker's own wait (and what it may be handed) is for its other free slots.
 local function claim_for(wid, wjson, now, lease, types, limit)
-  end_idle(wid)
   local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1000)
   for _, m in ipairs(due) do
     local id = string.sub(m, 13)
