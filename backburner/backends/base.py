@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -45,9 +45,18 @@ def parse_cursor(cursor: str | None) -> int | None:
     return int(cursor)
 
 
+def uuid4_hex() -> str:
+    """The 32 hex digits of a random uuid4 (122 random bits), as ``uuid.uuid4().hex`` gives
+    them in a third of its time (a producer makes one per job)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    return raw.hex()
+
+
 def new_task_id() -> str:
     """A random id with 122 bits of entropy (uuid4): never sequential, never guessable."""
-    return "task_" + uuid.uuid4().hex
+    return "task_" + uuid4_hex()
 
 
 def fingerprint(task_type: str, payload: dict[str, Any]) -> str:

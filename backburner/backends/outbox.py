@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
 from ..models import WEBHOOK_EVENTS, Job, JobStatus, WebhookDelivery, WebhookStatus
+from .base import uuid4_hex
 
 
 def new_msg_id() -> str:
-    """A webhook message id: ``msg_`` and 128 random bits."""
-    return "msg_" + uuid.uuid4().hex
+    """A webhook message id: ``msg_`` and a uuid4's 32 hex digits (122 random bits)."""
+    return "msg_" + uuid4_hex()
 
 
 def webhook_event(status: JobStatus) -> str | None:

@@ -118,6 +118,11 @@ def _load_scripts() -> dict[str, Script]:
     return scripts
 
 
+def _stored(object_json: str) -> dict[str, Any]:
+    """A JSON object as it reads back from the store (the empty one, most metadata, at once)."""
+    return {} if object_json == "{}" else json.loads(object_json)
+
+
 def _webhook_event(outcome: Outcome) -> str:
     """The webhook event of the status an outcome ends in ('' for one that re-queues)."""
     if isinstance(outcome, Complete):
@@ -304,25 +309,26 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         max_in_flight = per_minute = None
         if quota is not None:
             max_in_flight, per_minute = quota.max_in_flight, quota.per_minute
+        created_at, run_at, ttl_s = number(job.created_at), number(job.run_at), number(job.ttl_s)
         reply = await self._run_batched(
             "enqueue",
             job.task_id,
             job.type,
-            new_job_spec(job, input_json, metadata_json),
+            new_job_spec(job, input_json, metadata_json, created_at, ttl_s),
             job.fingerprint[:32],  # 128 bits tell requests apart; short keeps the hash compact
             job.idempotency_key or "",
             "" if self.max_queue_size is None else self.max_queue_size,
             priority_code(job.priority),
-            number(job.run_at),
+            run_at,
             "1" if job.run_at > job.created_at else "0",
-            number(job.created_at),
+            created_at,
             job.priority,
             job.tenant,
             job.fair_cost,
             "" if max_in_flight is None else max_in_flight,
             "" if per_minute is None else per_minute,
             job.parent_id or "",
-            *new_job_fields(job),
+            *new_job_fields(job, run_at, ttl_s),
         )
         status = reply[0]
         if status == b"exists":
@@ -343,7 +349,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if status == b"rate":
             assert per_minute is not None
             raise SubmitRateLimitedError(job.tenant, per_minute, retry_after=float(reply[1]))
-        return job.to_job(input=json.loads(input_json), metadata=json.loads(metadata_json)), True
+        return job.to_job(input=_stored(input_json), metadata=_stored(metadata_json)), True
 
     # -- workers -----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 -- ARGV: P, id, type, spec, fingerprint, idempotency_key|'', max_queue|'', priority_code,
 --       run_at, delayed 0|1, created_at, priority, tenant, fair cost, max_in_flight|'',
---       per_minute|'', parent_id|'', field, value, ... (the parent_id field too, as JSON)
+--       per_minute|'', parent_id|'', field, value, ... (the parent_id field too, as JSON; not
+--       the fields written here from the other arguments: redis_codec.new_job_fields)
 -- Checks in the order of Backend.enqueue; a refusal writes nothing.
 local id, ty, spec, fp, ik = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local tenant = ARGV[13]
@@ -51,7 +52,9 @@ if not delayed then
   fields[#fields + 1] = '_tg'
   fields[#fields + 1] = string.format('%.0f', tag)
 end
-redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[11], unpack(fields))
+redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[11], 'status', '"queued"',
+  'priority', ARGV[12], 'attempts', '0', 'fence', '0', '_ty', ty, '_pq', ARGV[8], '_pp', '0',
+  'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end
