@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import json
 import os
@@ -78,6 +79,27 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
             raise fail(message, 2) from None
         return None
     return uvloop.new_event_loop
+
+
+YOUNG_GC_THRESHOLD = 50_000
+"""Allocations between collections of the youngest generation in a service process (Python's
+default is 700)."""
+
+
+def tune_gc() -> None:
+    """Set a long-running service process's garbage collector for many live jobs.
+
+    With Python's defaults a worker holding thousands of jobs spends much of its time in the
+    collector, which walks every live object again and again (10,000 jobs that sleep 2 s took
+    3.2-3.4 s from first start to last completion, 2.5-2.6 s without collections). Nearly all
+    of a job's garbage goes by reference counting: the youngest generation is collected after
+    YOUNG_GC_THRESHOLD allocations rather than 700, and what was loaded at start (modules, the
+    app) is frozen out of every collection. Only the CLI's service commands do this: a process
+    that embeds a worker keeps its own settings."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, middle, old)
 
 
 def run(coro: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:

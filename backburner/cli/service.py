@@ -35,6 +35,7 @@ from .common import (
     print_json,
     run,
     settings_for,
+    tune_gc,
 )
 from .keys import DEFAULT_KEYS_FILE
 
@@ -177,6 +178,7 @@ def _serve_http(
     app = create_app(
         settings, backburner=bb, run_worker=run_worker, worker_concurrency=settings.concurrency
     )
+    tune_gc()
     # Open event streams would hold a shutdown for as long as their jobs run: after a few
     # seconds they are closed, and their clients resume (Last-Event-ID) elsewhere.
     uvicorn.run(
@@ -269,6 +271,7 @@ def worker(
             async with serve_metrics(bb, settings.host, metrics_port):
                 await bb.run_worker(concurrency=concurrency)
 
+    tune_gc()
     run(go(), bb.settings.event_loop)  # the app's setting, like everything the worker runs by
 
 

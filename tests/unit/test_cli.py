@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -10,9 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from backburner import Backburner
+from backburner.cli.common import YOUNG_GC_THRESHOLD
 from backburner.providers.local import local_available
 from backburner.webhooks import sign, verify
 
@@ -248,6 +252,43 @@ def test_the_apps_own_event_loop_setting_wins(tmp_path: Path) -> None:
         " event_loop='asyncio'))\n"
     )
     assert "event loop asyncio)" in _worker_started_line(tmp_path, "auto", "loopapp:bb")
+
+
+async def test_a_worker_process_tunes_its_garbage_collector(tmp_path: Path) -> None:
+    """`backburner worker` collects its youngest generation after 50,000 allocations, not 700,
+    and has frozen what it loaded at start (with Python's defaults a worker holding thousands
+    of jobs spent much of its time in the collector)."""
+    url = f"sqlite:///{tmp_path}/gc.db"
+    source = (
+        "import gc\n"
+        "from backburner import Backburner, Settings\n"
+        f"bb = Backburner(settings=Settings(backend_url={url!r}))\n"
+        "@bb.task\n"
+        "async def collector(ctx):\n"
+        "    return [gc.get_threshold()[0], gc.get_freeze_count()]\n"
+    )
+    (tmp_path / "gcapp.py").write_text(source)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "gcapp.py", "exec"), namespace)  # the same app, in this process
+    bb: Backburner = namespace["bb"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backburner", "worker", "gcapp:bb"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with bb:
+            job = await bb.enqueue("collector")
+            done = await bb.wait(job.task_id, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert done.status == "completed"
+    young, frozen = done.result
+    assert young == YOUNG_GC_THRESHOLD == 50_000
+    assert frozen > 1_000  # the modules and the app, at least
+    assert gc.get_threshold()[0] != YOUNG_GC_THRESHOLD  # and this process was left alone
 
 
 def test_an_event_loop_that_cannot_be_had_is_a_one_line_error(tmp_path: Path) -> None:
