@@ -14,7 +14,8 @@ Run (Redis on 127.0.0.1:6379; only db 8 is used, and FLUSHDB'd before every run)
     /work/bench-venv/bin/python bench/peers.py --report-only         # re-render peers.md
 
 Scenarios (every worker in its own process; the producer is this process):
-  a  enqueue   10,000 no-op enqueues from one producer, per producer mode
+  a  enqueue   10,000 no-op enqueues from one producer, per producer mode (an asyncio producer:
+               sequential, 64 and 1,000 in flight; 1,000 as rq's enqueue_many pipelines)
   b  drain     10,000 queued no-op jobs, one worker process: first start to last completion
   c  pickup    an idle worker; one job at a time, 200 times: job start - enqueue (p50/p99)
   d  sleepers  1,000 and 10,000 jobs that sleep 2 s, one worker process: wall and peak RSS

@@ -30,8 +30,12 @@ BENCH_DIR = Path(__file__).resolve().parents[1]
 LOG_DIR = Path(tempfile.gettempdir()) / "backburner-peers-bench"
 
 IN_FLIGHT = 64
+BULK_IN_FLIGHT = 1_000
+"""As many enqueues in flight as rq's enqueue_many puts in one pipeline (a bulk submission)."""
 SEQUENTIAL = "sequential"
 CONCURRENT = f"{IN_FLIGHT} in flight"
+BULK = f"{BULK_IN_FLIGHT:,} in flight"
+WIDTHS = {CONCURRENT: IN_FLIGHT, BULK: BULK_IN_FLIGHT}
 MAX_REDIS_CLIENTS = 6_000
 WARMUP_TIMEOUT_S = 60.0
 PICKUP_TIMEOUT_S = 10.0
@@ -315,7 +319,7 @@ class Peer:
 class AsyncPeer(Peer):
     """A peer whose producer is asyncio: sequential awaits, or many in flight."""
 
-    enqueue_modes = (SEQUENTIAL, CONCURRENT)
+    enqueue_modes = (SEQUENTIAL, CONCURRENT, BULK)
 
     async def connect(self) -> Any:
         raise NotImplementedError
@@ -337,7 +341,7 @@ class AsyncPeer(Peer):
                 for _ in range(count):
                     await self.submit(client, "noop")
             else:
-                await in_flight(lambda: self.submit(client, "noop"), count, IN_FLIGHT)
+                await in_flight(lambda: self.submit(client, "noop"), count, WIDTHS[mode])
             return count / (time.perf_counter() - start)
         finally:
             await self.close(client)
