@@ -82,20 +82,11 @@ class _Pipe:
         self._flush_scheduled = False
         self._progress = self.last_active
         """When the oldest unanswered command was sent, or a reply last came."""
-        # redis-py opened the connection (authenticated, selected the db, wrapped it in TLS);
-        # from here its transport hands the bytes straight to us: no stream and no reader
-        # task in between, so a reply reaches its caller one loop turn sooner.
-        assert connection._writer is not None and connection._reader is not None
-        self._transport = transport = connection._writer.transport
-        leftover = bytes(connection._reader._buffer)  # type: ignore[attr-defined]
-        transport.set_protocol(_Replies(self, transport.get_protocol()))
         self._watch_every = min(1.0, reply_timeout_s / 2)
         self._watchdog = self._loop.call_later(self._watch_every, self._watch)
-        if transport.is_closing() or connection._reader.at_eof():
-            # Closed before we took it: our protocol will hear nothing of it.
-            self.fail(BackendConnectionError(f"Redis at {where}: connection closed"))
-        elif leftover:
-            self.received(leftover)
+        assert connection._writer is not None
+        self._transport = connection._writer.transport  # first: taking over may fail at once
+        take_over(connection, self.received, self.fail, where)
 
     def idle_too_long(self) -> bool:
         return self._loop.time() - self.last_active > IDLE_CHECK_S
@@ -183,25 +174,58 @@ class _Pipe:
         self.fail(BackendError("the Redis backend is closed"))
 
 
-class _Replies(asyncio.Protocol):
-    """The connection's protocol once a _Pipe owns it: bytes in, replies out. The loss of the
-    connection is passed on to the protocol redis-py opened it with, so its stream closes (its
+def take_over(
+    connection: AbstractConnection,
+    received: Callable[[bytes], None],
+    lost: Callable[[BackendConnectionError], None],
+    where: str,
+) -> asyncio.WriteTransport:
+    """From now on the bytes from ``connection`` go straight to ``received`` (in the loop's
+    callback for them) and its loss to ``lost``; returns its transport, to write to.
+
+    redis-py opened the connection (authenticated, selected the db, wrapped it in TLS); past
+    that its stream and a task reading it would only stand between the bytes and their reader,
+    each costing a loop turn and several coroutine layers per reply. A connection already
+    closed is ``lost`` at once; bytes redis-py had buffered are ``received`` at once."""
+    assert connection._writer is not None and connection._reader is not None
+    transport = connection._writer.transport
+    leftover = bytes(connection._reader._buffer)  # type: ignore[attr-defined]
+    transport.set_protocol(_TakenOver(received, lost, where, transport.get_protocol()))
+    if transport.is_closing() or connection._reader.at_eof():
+        # Closed before we took it: our protocol will hear nothing of it.
+        lost(BackendConnectionError(f"Redis at {where}: connection closed"))
+    elif leftover:
+        received(leftover)
+    return transport
+
+
+class _TakenOver(asyncio.Protocol):
+    """A connection's protocol once taken over: bytes and loss to their callbacks. The loss is
+    also passed on to the protocol redis-py opened it with, so its stream closes (its
     ``wait_closed`` returns) as if it had never been replaced."""
 
-    def __init__(self, pipe: _Pipe, opened_with: asyncio.BaseProtocol) -> None:
-        self._pipe = pipe
+    def __init__(
+        self,
+        received: Callable[[bytes], None],
+        lost: Callable[[BackendConnectionError], None],
+        where: str,
+        opened_with: asyncio.BaseProtocol,
+    ) -> None:
+        self._received = received
+        self._lost = lost
+        self._where = where
         self._opened_with = opened_with
 
     def data_received(self, data: bytes) -> None:
-        self._pipe.received(data)
+        self._received(data)
 
     def eof_received(self) -> bool:
-        self._pipe.fail(BackendConnectionError(f"Redis at {self._pipe.where}: connection closed"))
+        self._lost(BackendConnectionError(f"Redis at {self._where}: connection closed"))
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = exc or "Redis closed the connection"
-        self._pipe.fail(BackendConnectionError(f"Redis at {self._pipe.where}: {reason}"))
+        self._lost(BackendConnectionError(f"Redis at {self._where}: {reason}"))
         self._opened_with.connection_lost(exc)
 
 

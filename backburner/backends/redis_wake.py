@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import hiredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..aio import wait_set
-from .redis_link import Dedicated, pack
+from .redis_link import Dedicated, pack, take_over
 
 log = logging.getLogger("backburner.redis")
 
@@ -60,8 +61,11 @@ class WakeChannel:
         self._where = where
         self._listeners: set[_Listener] = set()
         self._inboxes: dict[bytes, Inbox] = {}
+        self._main = channel.encode()
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._transport: asyncio.WriteTransport | None = None
+        """The live session's connection, taken over from redis-py (None: no session)."""
 
     @contextlib.contextmanager
     def listen(self, types: Sequence[str] | None) -> Iterator[asyncio.Event]:
@@ -83,10 +87,7 @@ class WakeChannel:
         inbox = self._inboxes.get(key)
         if inbox is None:
             inbox = self._inboxes[key] = Inbox(key)
-            connection = self._dedicated.connection
-            if connection is not None:  # (else the next session subscribes to every inbox)
-                with contextlib.suppress(RedisError, OSError):
-                    await self._send(connection, "SUBSCRIBE", key)
+            self._write("SUBSCRIBE", key)  # (no session now: the next subscribes to every inbox)
         return inbox
 
     async def close_inbox(self, channel: str) -> list[bytes]:
@@ -95,21 +96,19 @@ class WakeChannel:
         inbox = self._inboxes.get(key)
         if inbox is None:
             return []
-        connection = self._dedicated.connection
-        if connection is not None and inbox.subscribed.is_set():
-            try:
-                await self._send(connection, "UNSUBSCRIBE", key)
-            except (RedisError, OSError):
-                pass
-            else:
-                # One connection: what was published before arrives before the confirmation.
-                await wait_set(inbox.unsubscribed, 2.0)
+        if inbox.subscribed.is_set() and self._write("UNSUBSCRIBE", key):
+            # One connection: what was published before arrives before the confirmation.
+            await wait_set(inbox.unsubscribed, 2.0)
         self._inboxes.pop(key, None)
         return inbox.take()
 
-    @staticmethod
-    async def _send(connection: AbstractConnection, *command: str | bytes) -> None:
-        await connection.send_packed_command(pack([command]), check_health=False)
+    def _write(self, *command: str | bytes) -> bool:
+        """Send a command on the subscription's connection; False if there is none now."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.write(pack([command]))
+        return True
 
     def _receiving(self) -> None:
         if self._task is None:
@@ -132,35 +131,54 @@ class WakeChannel:
         await self._dedicated.serve(self._session, lost=self._lost, where=self._where)
 
     async def _session(self, connection: AbstractConnection) -> None:
-        main = self._channel.encode()
-        await self._send(connection, "SUBSCRIBE", main, *self._inboxes)
+        # Each message is handled in the loop's callback for its bytes (take_over): a job
+        # handed to this worker starts a loop turn sooner than through a reading task.
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        parser = hiredis.Reader()
+
+        def received(data: bytes) -> None:
+            try:
+                parser.feed(data)
+                while (message := parser.gets()) is not False:
+                    self._message(*message)
+            except Exception as exc:  # a garbled stream (or a bug): start over, say why
+                stopped(RedisConnectionError(f"Redis at {self._where}: {exc!r}"))
+
+        def stopped(error: Exception) -> None:
+            if not lost.done():
+                lost.set_exception(RedisConnectionError(str(error)))
+
+        transport = take_over(connection, received, stopped, self._where)
+        self._transport = transport
+        self._write("SUBSCRIBE", self._channel.encode(), *self._inboxes)
         try:
-            while True:
-                kind, channel, data = await connection.read_response(
-                    timeout=math.inf, disconnect_on_error=False
-                )
-                if kind == b"message" and channel == main:
-                    for listener in self._listeners:
-                        if listener.types is None or data in listener.types:
-                            listener.woken.set()
-                elif kind == b"message":
-                    inbox = self._inboxes.get(channel)
-                    if inbox is not None:
-                        self._arrived(inbox, data)
-                elif kind == b"unsubscribe" and channel in self._inboxes:
-                    self._inboxes[channel].unsubscribed.set()
-                elif kind == b"subscribe":
-                    if channel == main:
-                        self._subscribed.set()
-                        self._dedicated.failures = 0
-                    elif channel in self._inboxes:
-                        self._inboxes[channel].subscribed.set()
+            await lost
         finally:
+            self._transport = None
+            transport.close()
             # Waiters look again (and see the error) rather than wait for a lost channel.
             self._subscribed.clear()
             for inbox in self._inboxes.values():
                 inbox.subscribed.clear()
             self._wake_all()
+
+    def _message(self, kind: bytes, channel: bytes, data: Any) -> None:
+        if kind == b"message" and channel == self._main:
+            for listener in self._listeners:
+                if listener.types is None or data in listener.types:
+                    listener.woken.set()
+        elif kind == b"message":
+            inbox = self._inboxes.get(channel)
+            if inbox is not None:
+                self._arrived(inbox, data)
+        elif kind == b"unsubscribe" and channel in self._inboxes:
+            self._inboxes[channel].unsubscribed.set()
+        elif kind == b"subscribe":
+            if channel == self._main:
+                self._subscribed.set()
+                self._dedicated.failures = 0
+            elif channel in self._inboxes:
+                self._inboxes[channel].subscribed.set()
 
     @staticmethod
     def _arrived(inbox: Inbox, doc: bytes) -> None:
