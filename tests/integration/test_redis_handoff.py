@@ -22,7 +22,7 @@ from ..conformance._support import T0, enqueue
 from ..conftest import REDIS_TEST_URL
 from ._workers import count_claims, redis_app, running_worker
 
-# Both event loops: the hand-off listens with redis-py's pub/sub on the worker's loop.
+# Both event loops: the hand-off's subscription takes over a transport the worker's loop made.
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_event_loops]
 
 
