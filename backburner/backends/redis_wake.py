@@ -140,26 +140,31 @@ class WakeChannel:
             try:
                 parser.feed(data)
                 while (message := parser.gets()) is not False:
-                    self._message(*message)
-            except Exception as exc:  # a garbled stream (or a bug): start over, say why
-                stopped(RedisConnectionError(f"Redis at {self._where}: {exc!r}"))
+                    try:
+                        self._message(*message)
+                    except Exception:  # a bug must neither end the session nor go unseen
+                        log.exception("Redis at %s: a Pub/Sub message was skipped", self._where)
+            except hiredis.ProtocolError as exc:  # a garbled stream: start over
+                stopped(RedisConnectionError(f"Redis at {self._where}: {exc}"))
 
         def stopped(error: Exception) -> None:
             if not lost.done():
                 lost.set_exception(RedisConnectionError(str(error)))
 
         transport = take_over(connection, received, stopped, self._where)
-        self._transport = transport
-        self._write("SUBSCRIBE", self._channel.encode(), *self._inboxes)
         try:
+            self._transport = transport
+            self._write("SUBSCRIBE", self._channel.encode(), *self._inboxes)
             await lost
         finally:
             self._transport = None
             transport.close()
-            # Waiters look again (and see the error) rather than wait for a lost channel.
+            # Waiters look again (and see the error) rather than wait for a lost channel; a
+            # close_inbox waiting for its confirmation has it (no subscription is left).
             self._subscribed.clear()
             for inbox in self._inboxes.values():
                 inbox.subscribed.clear()
+                inbox.unsubscribed.set()
             self._wake_all()
 
     def _message(self, kind: bytes, channel: bytes, data: Any) -> None:
@@ -178,7 +183,9 @@ class WakeChannel:
                 self._subscribed.set()
                 self._dedicated.failures = 0
             elif channel in self._inboxes:
-                self._inboxes[channel].subscribed.set()
+                inbox = self._inboxes[channel]
+                inbox.unsubscribed.clear()
+                inbox.subscribed.set()
 
     @staticmethod
     def _arrived(inbox: Inbox, doc: bytes) -> None:

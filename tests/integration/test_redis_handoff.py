@@ -1,8 +1,9 @@
 """Hand-off on Redis: an enqueue claims the job for a worker waiting idle and sends it to it.
 
-The worker then starts the job without a claim round trip of its own. A claim, a lapse or
-stop_waiting ends the registration; a job handed to a worker that no longer takes it is
-returned by stop_waiting, or handed back by the worker when it has no free slot.
+The worker then starts the job without a claim round trip of its own. A claim of the worker's
+own (not a finish's), a lapse or stop_waiting ends the registration; a job handed to a worker
+that no longer takes it is returned by stop_waiting, or handed back by the worker when it has
+no free slot.
 """
 
 from __future__ import annotations

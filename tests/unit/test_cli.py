@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -288,7 +287,6 @@ async def test_a_worker_process_tunes_its_garbage_collector(tmp_path: Path) -> N
     young, frozen = done.result
     assert young == YOUNG_GC_THRESHOLD == 50_000
     assert frozen > 1_000  # the modules and the app, at least
-    assert gc.get_threshold()[0] != YOUNG_GC_THRESHOLD  # and this process was left alone
 
 
 def test_an_event_loop_that_cannot_be_had_is_a_one_line_error(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from backburner.backends.redis_link import Dedicated, RedisLink
 from backburner.errors import BackendConnectionError, BackendError
 
 from ..conftest import REDIS_TEST_URL, require_redis
+from ._loopback import LoopbackServer
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.both_event_loops]
 
@@ -37,31 +38,15 @@ async def linked(url: str, **options: Any) -> AsyncIterator[RedisLink]:
         await pool.disconnect()
 
 
-class ScriptedServer:
+class ScriptedServer(LoopbackServer):
     """Answers every command with +OK, until told to stay silent or to hang up on the next."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.silent = False
         self.hang_up_on: bytes | None = None
         self.received: list[list[bytes]] = []
         self.connections = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> ScriptedServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 2)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

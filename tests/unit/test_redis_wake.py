@@ -19,36 +19,24 @@ from backburner.aio import wait_set
 from backburner.backends.redis_link import pack
 from backburner.backends.redis_wake import Inbox, WakeChannel
 
+from ._loopback import LoopbackServer
+
 pytestmark = [pytest.mark.timeout(30), pytest.mark.both_event_loops]
 
 MAIN = "{bb}:wake"
 
 
-class PubSubServer:
+class PubSubServer(LoopbackServer):
     """Confirms SUBSCRIBE and UNSUBSCRIBE per channel; ``publish`` and ``garble`` write to the
     latest connection."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.subscribes: list[list[bytes]] = []
         self.connections = 0
         self.subscribed = asyncio.Event()
+        self.hang_up_on_unsubscribe = False
         self._writer: asyncio.StreamWriter | None = None
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> PubSubServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 2)
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
 
     def publish(self, channel: str, data: bytes) -> None:
         assert self._writer is not None
@@ -57,6 +45,10 @@ class PubSubServer:
     def garble(self) -> None:
         assert self._writer is not None
         self._writer.write(b"?this is not RESP\r\n")
+
+    def send(self, data: bytes) -> None:
+        assert self._writer is not None
+        self._writer.write(data)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -72,6 +64,8 @@ class PubSubServer:
                         for count, channel in enumerate(channels, 1):
                             writer.write(_push(b"subscribe", channel, count))
                         self.subscribed.set()
+                    elif name == b"UNSUBSCRIBE" and self.hang_up_on_unsubscribe:
+                        return
                     elif name == b"UNSUBSCRIBE":
                         for channel in channels:
                             writer.write(_push(b"unsubscribe", channel, 0))
@@ -155,3 +149,28 @@ async def test_close_ends_the_session_at_once() -> None:
         await wake.close()
         assert loop.time() - started < 0.5  # the session ended; close did not wait on it
         await pool.disconnect()
+
+
+async def test_a_message_that_cannot_be_handled_is_logged_and_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with PubSubServer() as server, channel(server) as wake:
+        inbox = await wake.inbox("{bb}:hand:w1")
+        assert await wake.ready(5) and await wait_set(inbox.subscribed, 5)
+        server.send(b"*2\r\n$7\r\nmessage\r\n$1\r\nx\r\n")  # no data: not a message
+        server.publish("{bb}:hand:w1", b'{"task_id":"t3"}')
+        await arrived(inbox)  # the same session carried on
+        assert inbox.take() == [b'{"task_id":"t3"}']
+        assert server.connections == 1
+        assert "a Pub/Sub message was skipped" in caplog.text
+
+
+async def test_closing_an_inbox_does_not_wait_on_a_session_that_is_gone() -> None:
+    async with PubSubServer() as server, channel(server) as wake:
+        inbox = await wake.inbox("{bb}:hand:w1")
+        assert await wake.ready(5) and await wait_set(inbox.subscribed, 5)
+        server.hang_up_on_unsubscribe = True  # its confirmation will never come
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await wake.close_inbox("{bb}:hand:w1") == []
+        assert loop.time() - started < 1.0  # not the 2 s wait for a confirmation

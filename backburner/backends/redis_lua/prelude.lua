@@ -470,9 +470,10 @@ end
 -- matter) for each type it runs, and in IDLEW (worker id -> {t: its types, j: its id as JSON
 -- text, l: its lease_s}, as JSON). An enqueue that finds one claims the job for it (the claim
 -- it would have made itself) and publishes the job on {bb}:hand:<worker id>, to which the
--- worker listens: it starts the job without a round trip of its own. A claim of the worker's
--- own (not a finish's), a hand-off to it or its leaving ends the registration; a worker that dies stays registered
--- until it lapses (a job handed to it then runs again when its lease expires).
+-- worker listens: it starts the job without a round trip of its own. A claim of the
+-- worker's own (not a finish's), a hand-off to it or its leaving ends the registration; a
+-- worker that dies stays registered until it lapses (a job handed to it then runs again when
+-- its lease expires).
 local IDLEW = P .. 'idlew'
 local function idlekey(ty) return P .. 'idle:' .. ty end
 
