@@ -57,7 +57,6 @@ class WakeChannel:
 
     def __init__(self, pool: ConnectionPool, channel: str, *, where: str) -> None:
         self._dedicated = Dedicated(pool)
-        self._channel = channel
         self._where = where
         self._listeners: set[_Listener] = set()
         self._inboxes: dict[bytes, Inbox] = {}
@@ -145,7 +144,7 @@ class WakeChannel:
                     except Exception:  # a bug must neither end the session nor go unseen
                         log.exception("Redis at %s: a Pub/Sub message was skipped", self._where)
             except hiredis.ProtocolError as exc:  # a garbled stream: start over
-                stopped(RedisConnectionError(f"Redis at {self._where}: {exc}"))
+                stopped(exc)
 
         def stopped(error: Exception) -> None:
             if not lost.done():
@@ -154,7 +153,7 @@ class WakeChannel:
         transport = take_over(connection, received, stopped, self._where)
         try:
             self._transport = transport
-            self._write("SUBSCRIBE", self._channel.encode(), *self._inboxes)
+            self._write("SUBSCRIBE", self._main, *self._inboxes)
             await lost
         finally:
             self._transport = None
