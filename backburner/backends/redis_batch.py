@@ -3,8 +3,9 @@
 A worker that finishes a hundred jobs in one loop turn, or a producer with 64 enqueues in
 flight, calls one script many times at once. Each call costs Redis a script invocation and the
 caller a reply of its own; in one call of the script's batch form (``redis_scripts``) they cost
-one. The first call of a turn goes out at once, alone, so a lone caller waits for nothing; the
-calls made after it in the same turn leave together when the turn ends.
+one. A call made while none of the script's calls awaits Redis goes out at once, alone, so a
+lone caller waits for nothing (and costs its loop no turn to close a batch); the calls made
+while one does leave together when the turn ends.
 """
 
 from __future__ import annotations
@@ -42,14 +43,23 @@ class ScriptBatcher:
         self._prefix = prefix
         self._max_batch = max_batch
         self._batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] | None = None
-        """The calls waiting for the end of this loop turn (None: no call yet this turn)."""
+        """The calls waiting for the end of this loop turn (None: no batch gathering)."""
         self._sending: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
+        """Calls of this script (alone or in batches) awaiting Redis's reply."""
 
     async def call(self, args: tuple[Arg, ...]) -> Any:
         if self._batch is None:
+            if not self._in_flight:
+                # Nothing of this script's awaits Redis: this call goes now, alone, with no
+                # batch to close at the end of the turn (a loop turn less for a lone caller).
+                self._in_flight += 1
+                try:
+                    return await self._link().run(self._single, self._keys, (self._prefix, *args))
+                finally:
+                    self._in_flight -= 1
             self._batch = []
             asyncio.get_running_loop().call_soon(self._flush)
-            return await self._link().run(self._single, self._keys, (self._prefix, *args))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._batch.append((args, future))
         if len(self._batch) >= self._max_batch:
@@ -77,6 +87,7 @@ class ScriptBatcher:
         for args, _ in batch:
             flat.append(len(args))
             flat.extend(args)
+        self._in_flight += 1
         try:
             replies = await self._link().run(self._batched, self._keys, flat)
             if not isinstance(replies, list) or len(replies) != len(batch):
@@ -93,6 +104,7 @@ class ScriptBatcher:
                 if not future.done():
                     future.set_exception(exc)
         finally:
+            self._in_flight -= 1
             for _, future in batch:  # cut short (the loop closing): nobody waits forever
                 if not future.done():
                     future.set_exception(

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -231,6 +232,30 @@ async def test_full_batches_leave_at_once_and_each_call_gets_its_reply(
     assert scripts_run == {"echo": 1, "echo_many": 4}
     stored = await client.lrange(engine._p + "echo", 0, -1)
     assert sorted(stored) == sorted(w.encode() for w in words)
+
+
+async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_joins_a_batch(
+    engine: RedisBackend, scripts_run: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batcher = await _echo_batcher(engine, max_batch=10)
+    loop = asyncio.get_running_loop()
+    turns_asked = 0
+    call_soon = loop.call_soon
+
+    def counted(*args: Any, **kwargs: Any) -> asyncio.Handle:
+        nonlocal turns_asked
+        turns_asked += args[0] == batcher._flush
+        return call_soon(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon", counted)
+    for word in ("a", "b", "c"):  # one after the other: each alone, no batch to close
+        assert await batcher.call((word,)) == word.encode()
+    assert scripts_run == {"echo": 3} and turns_asked == 0
+    first = asyncio.create_task(batcher.call(("d",)))
+    await asyncio.sleep(0)  # sent alone; its reply is still to come
+    second = asyncio.create_task(batcher.call(("e",)))  # a turn later, behind it: batched
+    assert [await first, await second] == [b"d", b"e"]
+    assert scripts_run == {"echo": 4, "echo_many": 1} and turns_asked == 1
 
 
 async def test_a_lua_error_fails_its_own_call_and_leaves_the_others_applied(
