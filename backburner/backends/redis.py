@@ -541,17 +541,6 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
 
     # -- sweeper -----------------------------------------------------------------------------
 
-    async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
-        if limit <= 0:
-            return []
-        ids = await self._read(
-            "ZRANGEBYSCORE", self._p + "leases", "-inf", number(now), "LIMIT", 0, limit
-        )
-        if not ids:
-            return []
-        jobs = decode_jobs(await self._run("read_jobs", *ids))
-        return [job for job in jobs if job.status == JobStatus.PROCESSING]
-
     async def purge_expired(self, *, now: float, limit: int) -> int:
         if limit <= 0:
             return 0

@@ -1,5 +1,5 @@
 """Reads of the Redis backend (a mixin of ``RedisBackend``): a job, a listing page, a job's
-events, the queue's stats and a tenant's count of jobs in flight.
+events, the queue's stats, a tenant's count of jobs in flight and the jobs whose leases ended.
 
 A job is read by ``read_jobs``, which joins its hash and spec into one JSON document per job
 (``read_job`` in redis_lua/prelude.lua). A listing walks one of the indexes, sorted sets scored
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import Event, Job, JobStatus
 from .base import Page, Stats, WorkerInfo, parse_cursor
-from .redis_codec import decode_events, decode_job, decode_jobs
+from .redis_codec import decode_events, decode_job, decode_jobs, number
 
 READ_SCRIPTS = ("read_jobs", "list_jobs", "read_events", "read_heads", "stats")
 """The scripts of this module (and ``read_heads``, for waiting on events): they change nothing,
@@ -32,8 +32,8 @@ def text(value: bytes | str) -> str:
 
 
 class RedisReads:
-    """``get``, ``list_jobs``, ``events``, ``stats``, ``tenant_in_flight`` and
-    ``has_open_children``."""
+    """``get``, ``list_jobs``, ``events``, ``stats``, ``tenant_in_flight``,
+    ``has_open_children`` and ``expired_leases``."""
 
     _p: str
 
@@ -42,6 +42,30 @@ class RedisReads:
         async def _run(self, name: str, *args: str | int | float) -> Any: ...
 
         async def _read(self, *command: str | int | float) -> Any: ...
+
+    async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
+        if limit <= 0:
+            return []
+        # Scores are lease ends rounded down to the second (prelude.lua lease_score): those
+        # of this second may not have ended yet, and come last. Look past them for `limit`.
+        expired: list[Job] = []
+        offset = 0
+        while len(expired) < limit:
+            ids = await self._read(
+                "ZRANGEBYSCORE", self._p + "leases", "-inf", number(now), "LIMIT", offset, limit
+            )
+            if ids:
+                expired += [
+                    job
+                    for job in decode_jobs(await self._run("read_jobs", *ids))
+                    if job.status == JobStatus.PROCESSING
+                    and job.lease_expires_at is not None
+                    and job.lease_expires_at <= now
+                ]
+            if len(ids) < limit:
+                break
+            offset += limit
+        return expired[:limit]
 
     async def get(self, task_id: str) -> Job | None:
         rows = await self._run("read_jobs", task_id)
