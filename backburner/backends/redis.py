@@ -105,15 +105,19 @@ _SAFE_TO_REPEAT = frozenset(
 twice)."""
 
 
-_BATCHED = {"enqueue": (None, 200), "finish": ("finish_many", 32)}
+_BATCHED = {"enqueue": (None, 200, True), "finish": ("finish_many", 32, False)}
 """The scripts a process calls many times in one loop turn: each has a batch form (made by
-load_batched_script with this main script), of at most so many calls. Finishes go in smaller
-batches: a worker runs the jobs of one batch's next claims while Redis works on the next."""
+load_batched_script with this main script), of at most so many calls, and whether its batcher
+is eager. Finishes go in smaller batches: a worker runs the jobs of one batch's next claims
+while Redis works on the next. A producer's enqueues are eager (Redis works on the first of a
+turn while the producer makes the rest; gathering made 64 in flight slower in 5 of 6
+alternating runs); a worker's finishes gather (a batch shares one claim, and Redis bounds a
+drain: about a fifth faster in two alternating series, half as many calls)."""
 
 
 def _load_scripts() -> dict[str, Script]:
     scripts = {name: load_script(name) for name in _SCRIPTS}
-    for name, (main, _) in _BATCHED.items():
+    for name, (main, _, _) in _BATCHED.items():
         scripts[name + BATCH_SUFFIX] = load_batched_script(name, main)
     return scripts
 
@@ -212,8 +216,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 (self._tag_key,),
                 self._p,
                 max_batch=max_batch,
+                eager=eager,
             )
-            for name, (_, max_batch) in _BATCHED.items()
+            for name, (_, max_batch, eager) in _BATCHED.items()
         }
         self._pool: Any = None
         self._blocking_pool: Any = None

@@ -4,8 +4,9 @@ A worker that finishes a hundred jobs in one loop turn, or a producer with 64 en
 flight, calls one script many times at once. Each call costs Redis a script invocation and the
 caller a reply of its own; in one call of the script's batch form (``redis_scripts``) they cost
 one. A call made while none of the script's calls awaits Redis goes out at once, alone, so a
-lone caller waits for nothing (and costs its loop no turn to close a batch); the calls made
-while one does leave together when the turn ends.
+lone caller waits for nothing. Calls made while one does gather and leave together when the
+turn ends. An ``eager`` batcher sends the first call of every turn at once, alone, and gathers
+the turn's later ones: Redis works on that one while the caller's loop makes the rest.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ScriptBatcher:
         prefix: str,
         *,
         max_batch: int = MAX_BATCH,
+        eager: bool = False,
     ) -> None:
         self._link = link
         self._single = single
@@ -42,6 +44,7 @@ class ScriptBatcher:
         self._keys = tuple(keys)
         self._prefix = prefix
         self._max_batch = max_batch
+        self._eager = eager
         self._batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] | None = None
         """The calls waiting for the end of this loop turn (None: no batch gathering)."""
         self._sending: set[asyncio.Task[None]] = set()
@@ -50,17 +53,22 @@ class ScriptBatcher:
 
     async def call(self, args: tuple[Arg, ...]) -> Any:
         if self._batch is None:
-            if not self._in_flight:
-                # Nothing of this script's awaits Redis: this call goes now, alone, with no
-                # batch to close at the end of the turn (a loop turn less for a lone caller).
+            # The first call of this turn. It goes alone, at once, if it is eager or nothing of
+            # this script's awaits Redis; the turn's later calls gather (none may come: a lone
+            # caller's loop is then not asked to close a batch).
+            gather = self._eager or bool(self._in_flight)
+            alone = self._eager or not self._in_flight
+            if gather:
+                self._batch = []
+                asyncio.get_running_loop().call_soon(self._flush)
+            if alone:
                 self._in_flight += 1
                 try:
                     return await self._link().run(self._single, self._keys, (self._prefix, *args))
                 finally:
                     self._in_flight -= 1
-            self._batch = []
-            asyncio.get_running_loop().call_soon(self._flush)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        assert self._batch is not None
         self._batch.append((args, future))
         if len(self._batch) >= self._max_batch:
             # Full: it leaves now, and the turn's later calls make the next batch (sent by the
@@ -76,7 +84,12 @@ class ScriptBatcher:
             return
         task = asyncio.create_task(self._send(batch), name="backburner:redis-batch")
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._in_flight += 1  # from now: a call made before the task starts gathers too
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._in_flight -= 1
 
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
         # A caller cancelled before its batch left is not sent: nothing was done for it.
@@ -87,7 +100,6 @@ class ScriptBatcher:
         for args, _ in batch:
             flat.append(len(args))
             flat.extend(args)
-        self._in_flight += 1
         try:
             replies = await self._link().run(self._batched, self._keys, flat)
             if not isinstance(replies, list) or len(replies) != len(batch):
@@ -104,7 +116,6 @@ class ScriptBatcher:
                 if not future.done():
                     future.set_exception(exc)
         finally:
-            self._in_flight -= 1
             for _, future in batch:  # cut short (the loop closing): nobody waits forever
                 if not future.done():
                     future.set_exception(

@@ -12,6 +12,7 @@ per tenant or parent and status or type, so a listing by several of them is one 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ..models import Event, Job, JobStatus
@@ -46,26 +47,25 @@ class RedisReads:
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
         if limit <= 0:
             return []
-        # Scores are lease ends rounded down to the second (prelude.lua lease_score): those
-        # of this second may not have ended yet, and come last. Look past them for `limit`.
-        expired: list[Job] = []
-        offset = 0
-        while len(expired) < limit:
-            ids = await self._read(
-                "ZRANGEBYSCORE", self._p + "leases", "-inf", number(now), "LIMIT", offset, limit
-            )
-            if ids:
-                expired += [
-                    job
-                    for job in decode_jobs(await self._run("read_jobs", *ids))
-                    if job.status == JobStatus.PROCESSING
-                    and job.lease_expires_at is not None
-                    and job.lease_expires_at <= now
-                ]
-            if len(ids) < limit:
-                break
-            offset += limit
-        return expired[:limit]
+        # Scores are lease ends rounded down to the second (prelude.lua lease_score; exact
+        # ones, of an earlier release, too): a score below this second's is an ended lease,
+        # one within it may not be. Those are few (leases ending within this second): all read.
+        second = math.floor(now)
+        leases = self._p + "leases"
+        ids = await self._read("ZRANGEBYSCORE", leases, "-inf", f"({second}", "LIMIT", 0, limit)
+        if len(ids) < limit:
+            ids += await self._read("ZRANGEBYSCORE", leases, second, number(now))
+        if not ids:
+            return []
+        ids = list(dict.fromkeys(ids))  # (a lease renewed between the two reads: once)
+        jobs = decode_jobs(await self._run("read_jobs", *ids))
+        return [
+            job
+            for job in jobs
+            if job.status == JobStatus.PROCESSING
+            and job.lease_expires_at is not None
+            and job.lease_expires_at <= now
+        ][:limit]
 
     async def get(self, task_id: str) -> Job | None:
         rows = await self._run("read_jobs", task_id)

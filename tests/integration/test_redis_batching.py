@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -202,7 +201,9 @@ async def test_a_stopping_worker_claims_nothing_with_its_last_outcomes() -> None
         release.set()
 
 
-async def _echo_batcher(engine: RedisBackend, max_batch: int) -> ScriptBatcher:
+async def _echo_batcher(
+    engine: RedisBackend, max_batch: int, *, eager: bool = False
+) -> ScriptBatcher:
     """Appends its argument to the list {p}:echo and returns it; 'boom' is a Lua error. Its
     scripts are loaded first, as connect() loads the backend's."""
     body = (
@@ -219,6 +220,7 @@ async def _echo_batcher(engine: RedisBackend, max_batch: int) -> ScriptBatcher:
         (engine._tag_key,),
         engine._p,
         max_batch=max_batch,
+        eager=eager,
     )
 
 
@@ -234,28 +236,33 @@ async def test_full_batches_leave_at_once_and_each_call_gets_its_reply(
     assert sorted(stored) == sorted(w.encode() for w in words)
 
 
-async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_joins_a_batch(
-    engine: RedisBackend, scripts_run: Counter[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("eager", [False, True], ids=["gathering", "eager"])
+async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_waits_unless_eager(
+    engine: RedisBackend, scripts_run: Counter[str], eager: bool
 ) -> None:
-    batcher = await _echo_batcher(engine, max_batch=10)
-    loop = asyncio.get_running_loop()
-    turns_asked = 0
-    call_soon = loop.call_soon
+    batcher = await _echo_batcher(engine, max_batch=10, eager=eager)
+    turns_closed = 0
+    flush = batcher._flush
 
-    def counted(*args: Any, **kwargs: Any) -> asyncio.Handle:
-        nonlocal turns_asked
-        turns_asked += args[0] == batcher._flush
-        return call_soon(*args, **kwargs)
+    def counted(*, turn_over: bool = True) -> None:
+        nonlocal turns_closed
+        turns_closed += turn_over
+        flush(turn_over=turn_over)
 
-    monkeypatch.setattr(loop, "call_soon", counted)
-    for word in ("a", "b", "c"):  # one after the other: each alone, no batch to close
+    batcher._flush = counted  # type: ignore[method-assign]
+    for word in ("a", "b", "c"):  # one after the other: each alone
         assert await batcher.call((word,)) == word.encode()
-    assert scripts_run == {"echo": 3} and turns_asked == 0
+    # Gathering, a lone call leaves no batch to close; eager, every turn's first call does.
+    assert scripts_run == {"echo": 3} and turns_closed == (3 if eager else 0)
     first = asyncio.create_task(batcher.call(("d",)))
     await asyncio.sleep(0)  # sent alone; its reply is still to come
-    second = asyncio.create_task(batcher.call(("e",)))  # a turn later, behind it: batched
-    assert [await first, await second] == [b"d", b"e"]
-    assert scripts_run == {"echo": 4, "echo_many": 1} and turns_asked == 1
+    second = asyncio.create_task(batcher.call(("e",)))  # a turn later, behind it
+    third = asyncio.create_task(batcher.call(("f",)))  # and in the same turn as that one
+    assert [await first, await second, await third] == [b"d", b"e", b"f"]
+    if eager:  # the first call of each turn goes at once; the turn's later ones gather
+        assert scripts_run == {"echo": 5, "echo_many": 1}
+    else:  # behind a call in flight, the turn's calls gather
+        assert scripts_run == {"echo": 4, "echo_many": 1}
 
 
 async def test_a_lua_error_fails_its_own_call_and_leaves_the_others_applied(

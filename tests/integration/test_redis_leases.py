@@ -30,7 +30,6 @@ async def test_leases_are_scored_in_whole_seconds_and_listed_by_their_exact_end(
     leases = f"{{{engine.prefix}}}:leases"
     scores = dict(await client.zrange(leases, 0, -1, withscores=True))
     assert scores == {later_id.encode(): T0 + 30, sooner_id.encode(): T0 + 30}
-    assert await client.object("encoding", leases) == b"listpack"
 
     assert await engine.expired_leases(now=T0 + 30.1, limit=10) == []
     (expired,) = await engine.expired_leases(now=T0 + 30.5, limit=1)  # past the later one
@@ -49,3 +48,15 @@ async def test_a_renewed_lease_is_scored_by_its_new_end_rounded_down(
     assert await engine.expired_leases(now=T0 + 40.5, limit=10) == []
     (expired,) = await engine.expired_leases(now=T0 + 40.7, limit=10)
     assert expired.task_id == job.task_id
+
+
+async def test_an_exact_score_written_by_an_earlier_release_is_listed_from_its_exact_end(
+    engine: RedisBackend, client: Redis
+) -> None:
+    job, _ = await engine.enqueue(new_job(now=T0 - 20))
+    await claim_one(engine, job.task_id, now=T0 - 19.5, lease_s=30)  # ends at T0 + 10.5
+    await client.zadd(f"{{{engine.prefix}}}:leases", {job.task_id: T0 + 10.5})  # as it wrote
+    assert await engine.expired_leases(now=T0 + 10.4, limit=10) == []
+    for now in (T0 + 10.5, T0 + 11.2):  # within its second, and after it
+        (expired,) = await engine.expired_leases(now=now, limit=10)
+        assert expired.task_id == job.task_id

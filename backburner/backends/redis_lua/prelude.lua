@@ -14,7 +14,8 @@ local LEASES = P .. 'leases'
 -- A job's score in LEASES: its lease's end (text) in whole seconds, rounded down. Redis keeps a
 -- small sorted set (128 members) as a flat list, where an integer score is compared as is but
 -- a fractional one is parsed from text at every step: adding a claim's 25 leases to 100 cost
--- 4 to 5 times as much. The sweeper checks each job's exact lease_expires_at (redis_reads.py).
+-- 4 to 5 times as much (a microbenchmark). The sweeper checks each job's exact end
+-- (redis_reads.py expired_leases).
 local function lease_score(lease) return string.format('%d', math.floor(tonumber(lease))) end
 local EXPIRING = P .. 'expiring'
 local QPRIO = P .. 'qprio'
