@@ -48,25 +48,27 @@ class ScriptBatcher:
         self._batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] | None = None
         """The calls waiting for the end of this loop turn (None: no batch gathering)."""
         self._sending: set[asyncio.Task[None]] = set()
-        self._in_flight = 0
-        """Calls of this script (alone or in batches) awaiting Redis's reply."""
+        """The batches flushed and not yet answered."""
+        self._alone = 0
+        """The calls sent alone and not yet answered."""
 
     async def call(self, args: tuple[Arg, ...]) -> Any:
         if self._batch is None:
             # The first call of this turn. It goes alone, at once, if it is eager or nothing of
             # this script's awaits Redis; the turn's later calls gather (none may come: a lone
             # caller's loop is then not asked to close a batch).
-            gather = self._eager or bool(self._in_flight)
-            alone = self._eager or not self._in_flight
+            in_flight = bool(self._alone or self._sending)
+            gather = self._eager or in_flight
+            alone = self._eager or not in_flight
             if gather:
                 self._batch = []
                 asyncio.get_running_loop().call_soon(self._flush)
             if alone:
-                self._in_flight += 1
+                self._alone += 1
                 try:
                     return await self._link().run(self._single, self._keys, (self._prefix, *args))
                 finally:
-                    self._in_flight -= 1
+                    self._alone -= 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         assert self._batch is not None
         self._batch.append((args, future))
@@ -83,13 +85,8 @@ class ScriptBatcher:
         if not batch:
             return
         task = asyncio.create_task(self._send(batch), name="backburner:redis-batch")
-        self._sending.add(task)
-        self._in_flight += 1  # from now: a call made before the task starts gathers too
-        task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        self._sending.discard(task)
-        self._in_flight -= 1
+        self._sending.add(task)  # in flight from now: a call made before it starts gathers
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
         # A caller cancelled before its batch left is not sent: nothing was done for it.
