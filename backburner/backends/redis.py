@@ -48,6 +48,7 @@ from .base import (
 from .outbox import new_msg_id
 from .redis_batch import ScriptBatcher
 from .redis_codec import (
+    NextClaimTexts,
     decode_job,
     decode_jobs,
     new_job_fields,
@@ -136,23 +137,6 @@ def _webhook_event(outcome: Outcome) -> str:
     return ""
 
 
-def _next_claim_arg(then_claim: NextClaim) -> str:
-    """finish.lua's next-claim argument: the claim's worker, lease length, types and limit.
-    The same text for every finish a worker asks the same claim of, so a batch of finishes
-    decodes it once (finish_many.lua): the lease ends lease_s after each finish's now."""
-    types = None if then_claim.types is None else list(then_claim.types)
-    return _NEXT_CLAIM.format(
-        json.dumps(then_claim.worker_id),
-        json.dumps(encode(then_claim.worker_id)),
-        number(then_claim.lease_s),
-        json.dumps(types),
-        int(then_claim.limit),
-    )
-
-
-_NEXT_CLAIM = '{{"w":{},"j":{},"s":{},"t":{},"n":{}}}'
-
-
 def _finished(
     claimed: Job, outcome: Complete | Fail, details: list[str], now: float, reply: list[Any]
 ) -> Job:
@@ -208,6 +192,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         parts = urlsplit(url)
         self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
         self._scripts = _load_scripts()
+        self._next_claims = NextClaimTexts()
         self._batchers = {
             name: ScriptBatcher(
                 self._conn,
@@ -450,7 +435,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             "" if claimed is not None and claimed.webhook_url is None else new_msg_id(),
             _webhook_event(outcome),
             "1" if claimed is None else "0",
-            "" if then_claim is None else _next_claim_arg(then_claim),
+            "" if then_claim is None else self._next_claims.text(then_claim),
             *details,
         )
         if reply[0] != b"ok":

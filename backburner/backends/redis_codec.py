@@ -25,7 +25,7 @@ from typing import Any
 
 from ..jsoncodec import encode
 from ..models import Event, Job, WebhookDelivery
-from .base import NewJob
+from .base import NewJob, NextClaim
 
 
 def priority_code(priority: int) -> str:
@@ -118,3 +118,32 @@ def decode_events(task_id: str, entries: list[Any]) -> list[Event]:
             )
         )
     return events
+
+
+_NEXT_CLAIM = '{{"w":{},"j":{},"s":{},"t":{},"n":{}}}'
+
+
+class NextClaimTexts:
+    """finish.lua's next-claim argument (the claim's worker, lease length, types and limit),
+    made once per distinct claim: a worker asks the same claim of every finish, and the same
+    text lets a batch of finishes decode it once (finish_many.lua). A process asks a few; the
+    cache is emptied should it ever hold many."""
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[str, float, tuple[str, ...] | None, int], str] = {}
+
+    def text(self, claim: NextClaim) -> str:
+        types = None if claim.types is None else tuple(claim.types)
+        key = (claim.worker_id, claim.lease_s, types, claim.limit)
+        text = self._texts.get(key)
+        if text is None:
+            if len(self._texts) >= 64:
+                self._texts.clear()
+            text = self._texts[key] = _NEXT_CLAIM.format(
+                json.dumps(claim.worker_id),
+                json.dumps(encode(claim.worker_id)),
+                number(claim.lease_s),
+                json.dumps(None if types is None else list(types)),
+                int(claim.limit),
+            )
+        return text

@@ -70,10 +70,13 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
         await app.hooks.start(job)
         if attempt.stop_reason is not None:  # a start hook cancelled it (a child of an ended
             await asyncio.sleep(0)  # pipeline): the cancel lands here, before the handler runs
-        with app.tracing.run(job) as span:
+        if app.tracing.enabled:
+            with app.tracing.run(job) as span:
+                outcome = await _run_handler(app, attempt, ctx)
+                if isinstance(outcome, Fail | RetryAt):
+                    app.tracing.failed(span, outcome.error.type, outcome.error.message)
+        else:  # (every job pays for a context manager that does nothing)
             outcome = await _run_handler(app, attempt, ctx)
-            if isinstance(outcome, Fail | RetryAt):
-                app.tracing.failed(span, outcome.error.type, outcome.error.message)
     except asyncio.CancelledError:
         outcome = _after_cancel(attempt)
         if outcome is None:
@@ -115,8 +118,11 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         if job.deadline_at is not None:
             left = job.deadline_at - now
             timeout = left if timeout is None else min(timeout, left)
-        async with asyncio.timeout(timeout):
+        if timeout is None:  # (asyncio.timeout(None) costs every job a Timeout for nothing)
             result = await definition.call(ctx, job.input)
+        else:
+            async with asyncio.timeout(timeout):
+                result = await definition.call(ctx, job.input)
         return Complete(result, usage=ctx.usage or None)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()

@@ -130,7 +130,9 @@ class WorkerProcess:
         safe = "".join(c if c.isalnum() else "-" for c in f"{name}-{spec.label}")
         self.log_path = LOG_DIR / f"{safe}.log"
         self.name = f"{name} [{spec.label}]"
-        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR), "PYTHONUNBUFFERED": "1", **spec.env}
+        # The caller's PYTHONPATH after ours: an A/B run points it at another checkout.
+        path = os.pathsep.join(p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **spec.env}
         self.spawned_at = time.time()
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(

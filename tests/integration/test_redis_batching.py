@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from backburner import JobContext
-from backburner.backends.base import Complete, NextClaim, RetryAt
+from backburner.backends.base import Complete, Fail, NextClaim, Release, RetryAt
 from backburner.backends.redis import RedisBackend
 from backburner.backends.redis_batch import ScriptBatcher
 from backburner.backends.redis_link import Script
@@ -314,6 +314,63 @@ async def test_a_lua_error_in_a_finish_batch_fails_that_finish_alone(
         assert isinstance(finished, Job) and finished.status == JobStatus.COMPLETED
     third = await engine.get(held[2].task_id)
     assert third is not None and third.status == JobStatus.COMPLETED
+    assert await client.zscore(engine._p + "i:s:completed", held[2].task_id) is not None
+    assert await client.zscore(engine._p + "i:s:processing", held[2].task_id) is None
+
+
+async def test_a_finish_batch_moves_every_index_entry_and_count_as_finishes_alone(
+    engine: RedisBackend, client: Redis, scripts_run: Counter[str]
+) -> None:
+    """finish_many gathers its finishes' index moves and counters and makes them after its
+    last finish, one command per key: the store must end as if each finish ran alone."""
+    jobs = [await enqueue(engine, tenant="acme") for _ in range(6)]
+    held = await engine.claim("w1", limit=6, now=T0, lease_s=30)
+    assert [j.task_id for j in held] == [j.task_id for j in jobs]
+    now = T0 + 1
+    outcomes = [
+        Complete(1),  # goes alone: nothing in flight
+        Complete(2),
+        Fail(error(), ttl_s=600),
+        RetryAt(error(), run_at=now),
+        Release(),
+        Complete(3),
+    ]
+    scripts_run.clear()
+    await asyncio.gather(
+        *(
+            engine.finish(j.task_id, j.fence, outcome, now=now, claimed=j)
+            for j, outcome in zip(held, outcomes, strict=True)
+        )
+    )
+    assert scripts_run == {"finish": 1, "finish_many": 1}
+    ids = [j.task_id for j in held]
+    p = engine._p
+
+    async def members(key: str) -> set[str]:
+        return {m.decode() for m in await client.zrange(p + key, 0, -1)}
+
+    completed, failed, queued = {ids[0], ids[1], ids[5]}, {ids[2]}, {ids[3], ids[4]}
+    for status, expected in [
+        ("completed", completed),
+        ("failed", failed),
+        ("queued", queued),
+        ("processing", set()),
+    ]:
+        assert await members("i:s:" + status) == expected, status
+        assert await members(f"i:st:{status}:summarize") == expected, status
+    assert await members("leases") == set()
+    expiring = dict(await client.zrange(p + "expiring", 0, -1, withscores=True))
+    assert expiring == {
+        **{i.encode(): now + 3600.0 for i in completed},
+        ids[2].encode(): now + 600,
+    }
+    assert await engine.tenant_in_flight("acme") == 2  # the retried and the released job
+    assert await client.hget(p + "qprio", "0") == b"2"
+    again = await engine.claim("w2", limit=6, now=now, lease_s=30)
+    assert {j.task_id for j in again} == queued
+    for task_id, status in zip(ids, ["completed", "completed", "failed"], strict=False):
+        stored = await engine.get(task_id)
+        assert stored is not None and stored.status == status
 
 
 async def test_a_call_cancelled_before_its_batch_leaves_is_not_sent(

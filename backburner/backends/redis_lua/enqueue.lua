@@ -59,11 +59,12 @@ redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end
 join_flight(tenant, parent)
-redis.call('ZADD', P .. 'i:all', seq, id)
-redis.call('ZADD', P .. 'i:t:' .. ty, seq, id)
-redis.call('ZADD', nkey(tenant), seq, id)
-if parent then redis.call('ZADD', pkey(parent), seq, id) end
-reindex(id, ty, seq, nil, 'queued')
+-- Scored by sq, the seq as text: a number would be written out as a double, a printf each.
+redis.call('ZADD', P .. 'i:all', sq, id)
+redis.call('ZADD', P .. 'i:t:' .. ty, sq, id)
+redis.call('ZADD', nkey(tenant), sq, id)
+if parent then redis.call('ZADD', pkey(parent), sq, id) end
+reindex(id, ty, sq, nil, 'queued')
 redis.call('SADD', P .. 'types', ty)
 redis.call('HINCRBY', QPRIO, ARGV[12], 1)
 if delayed then

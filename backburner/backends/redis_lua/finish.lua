@@ -26,7 +26,7 @@ if kind ~= 'complete' and kind ~= 'fail' and kind ~= 'retry' and kind ~= 'releas
   and kind ~= 'wait' then
   return redis.error_reply('unknown outcome ' .. tostring(kind))
 end
-local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[5], f[6], f[10], f[11], f[13],
+local ty, sq, _, priority, pq, tenant, cost = job_line(id, f[5], f[6], f[10], f[11], f[13],
   f[14])
 if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
 local cur, ik = f[4], f[9]
@@ -53,44 +53,48 @@ local function write_job(sets, outcome, error_json, events)
     sets[#sets + 1] = closed_history(f[17], cur, now, outcome, error_json)
   end
   sets[#sets + 1] = '_ev'
-  sets[#sets + 1] = ev + events
+  sets[#sets + 1] = string.format('%d', ev + events)
   redis.call('HSET', j, unpack(sets))
 end
 
-local expires, percent -- set for a terminal outcome: what a caller not reading the job needs
-redis.call('ZREM', LEASES, id)
+-- Set for a terminal outcome, what a caller not reading the job needs: expires (a number, and
+-- as text: expires_at) and the progress percent.
+local expires, expires_at, percent
+zwrite('ZREM', LEASES, id)
 if kind == 'complete' then
   expires, percent = tonumber(now) + ttl, '100'
+  expires_at = num(expires)
   local sets = {'status', '"completed"', 'result', ARGV[11], 'finished_at', now,
-    'expires_at', num(expires), '_pp', percent}
+    'expires_at', expires_at, '_pp', percent}
   if ARGV[12] ~= '' then
     sets[#sets + 1] = 'usage'
     sets[#sets + 1] = ARGV[12]
   end
   write_job(sets, 'completed', nil, 1)
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
-  reindex(id, ty, seq, 'processing', 'completed')
+  reindex(id, ty, sq, 'processing', 'completed')
   leave_flight(tenant, parent)
   event_at(id, ev + 1, 'status', ARGV[13], now)
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
 elseif kind == 'fail' then
   local err = ARGV[11]
   expires, percent = tonumber(now) + tonumber(ARGV[12]), f[19] or '0'
-  write_job({'status', '"failed"', 'error', err, 'finished_at', now, 'expires_at', num(expires)},
+  expires_at = num(expires)
+  write_job({'status', '"failed"', 'error', err, 'finished_at', now, 'expires_at', expires_at},
     'failed', err, 2)
   redis.call('HDEL', j, 'lease_expires_at', '_tg', '_cur')
-  reindex(id, ty, seq, 'processing', 'failed')
+  reindex(id, ty, sq, 'processing', 'failed')
   leave_flight(tenant, parent)
   event_at(id, ev + 1, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}',
     now)
   event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
 elseif kind == 'retry' then
   local err, run_at = ARGV[11], ARGV[12]
   write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
-  reindex(id, ty, seq, 'processing', 'queued')
-  redis.call('HINCRBY', QPRIO, priority, 1)
+  reindex(id, ty, sq, 'processing', 'queued')
+  tally(QPRIO, priority, 1, false)
   event_at(id, ev + 1, 'attempt_failed',
     '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
   event_at(id, ev + 2, 'status', '{"status":"queued"}', now)
@@ -104,8 +108,8 @@ elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like 
   write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at},
     'waiting', nil, 1)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
-  reindex(id, ty, seq, 'processing', 'queued')
-  redis.call('HINCRBY', QPRIO, priority, 1)
+  reindex(id, ty, sq, 'processing', 'queued')
+  tally(QPRIO, priority, 1, false)
   event_at(id, ev + 1, 'status', ARGV[11], now)
   if ARGV[13] == '1' then
     enqueue_delayed(id, ty, sq, run_at)
@@ -116,8 +120,8 @@ else -- release
   write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', now},
     'released', nil, 1)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
-  reindex(id, ty, seq, 'processing', 'queued')
-  redis.call('HINCRBY', QPRIO, priority, 1)
+  reindex(id, ty, sq, 'processing', 'queued')
+  tally(QPRIO, priority, 1, false)
   event_at(id, ev + 1, 'status', ARGV[11], now)
   enqueue_ready(id, ty, pq, tag, sq, now)
 end
@@ -125,7 +129,7 @@ end
 -- (a retry due now, claimed back by its own worker).
 local reply
 if ARGV[8] == '0' and expires then
-  reply = {'ok', false, num(expires), percent, f[20]}
+  reply = {'ok', false, expires_at, percent, f[20]}
 else
   reply = {'ok', read_job(id)}
 end

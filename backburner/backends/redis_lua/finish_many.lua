@@ -7,6 +7,7 @@ local out, at = {}, 3
 local askers, asks, order = {}, {}, {} -- worker id -> replies waiting; -> its latest ask
 local decoded = {} -- a next-claim argument -> it decoded (false: not one): a worker's finishes
 -- send the same text, decoded once
+LATER = {} -- the groups' index and counter writes, made after the last group (write_later)
 for k = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[at])
   local args = {ARGV[1]}
@@ -38,6 +39,7 @@ for k = 1, tonumber(ARGV[2]) do
   end
   at = at + n + 1
 end
+write_later() -- before the claims, which read the queues and move index entries
 for _, wid in ipairs(order) do
   local ask, waiting = asks[wid], askers[wid]
   local types = ask.t

@@ -46,20 +46,88 @@ local function types_from(first)
   return types
 end
 
+-- A command with the arguments args, 1,000 at a time (unpack has a limit; 1,000 keeps pairs).
+local function in_chunks(command, key, args)
+  for first = 1, #args, 1000 do
+    redis.call(command, key, unpack(args, first, math.min(#args, first + 999)))
+  end
+end
+
+-- The writes a batch of finishes (finish_many) gathers while its groups run and makes after
+-- them, one variadic command per key and command: a command costs Redis about as much as the
+-- one member it moves, so per job they were a large part of a finish. nil (every other
+-- script, a finish alone): each is made at once. Only writes that nothing in the batch reads
+-- before its end go here (index entries, counters), of members no two groups share (a finish
+-- that applies takes its job out of processing, so the job's next finish in the batch is lost).
+-- LATER: a list of {command, key, args}, and LATER[command .. ' ' .. key] = that entry.
+local LATER = nil
+
+-- ZADD key score member, or ZREM key member (b nil), now or with the batch's.
+local function zwrite(command, key, a, b)
+  if not LATER then
+    if b then return redis.call(command, key, a, b) end
+    return redis.call(command, key, a)
+  end
+  local name = command .. ' ' .. key
+  local entry = LATER[name]
+  if not entry then
+    entry = {command, key, {}}
+    LATER[name] = entry
+    LATER[#LATER + 1] = entry
+  end
+  local args = entry[3]
+  args[#args + 1] = a
+  if b then args[#args + 1] = b end
+end
+
+-- HINCRBY key field by, and HDEL the field when drop and the count fell to 0 or below: now,
+-- or summed per field with the batch's (the same end, as the batch's counts only fall).
+local function tally(key, field, by, drop)
+  if not LATER then
+    if redis.call('HINCRBY', key, field, by) <= 0 and drop then redis.call('HDEL', key, field) end
+    return
+  end
+  local name = 'HINCRBY ' .. key
+  local entry = LATER[name]
+  if not entry then
+    entry = {'HINCRBY', key, {}, drop}
+    LATER[name] = entry
+    LATER[#LATER + 1] = entry
+  end
+  entry[3][field] = (entry[3][field] or 0) + by
+end
+
+-- Make the batch's gathered writes, in the order their keys first came. One that fails (a
+-- key of another type) fails alone, as it would have failed its group alone.
+local function write_later()
+  local batch = LATER
+  LATER = nil
+  for _, entry in ipairs(batch) do
+    local command, key, args = entry[1], entry[2], entry[3]
+    if command == 'HINCRBY' then
+      for field, by in pairs(args) do pcall(tally, key, field, by, entry[4]) end
+    else
+      pcall(in_chunks, command, key, args)
+    end
+  end
+end
+
 local function reindex(id, ty, seq, from, to)
   if from then
-    redis.call('ZREM', P .. 'i:s:' .. from, id)
-    redis.call('ZREM', P .. 'i:st:' .. from .. ':' .. ty, id)
+    zwrite('ZREM', P .. 'i:s:' .. from, id)
+    zwrite('ZREM', P .. 'i:st:' .. from .. ':' .. ty, id)
   end
   if to then
-    redis.call('ZADD', P .. 'i:s:' .. to, seq, id)
-    redis.call('ZADD', P .. 'i:st:' .. to .. ':' .. ty, seq, id)
+    zwrite('ZADD', P .. 'i:s:' .. to, seq, id)
+    zwrite('ZADD', P .. 'i:st:' .. to .. ':' .. ty, seq, id)
   end
 end
 
 -- An event under a seq the caller took: it read the job's _ev and writes it past seq itself.
+-- (An integer is written by '%d': Redis and Lua write any other number as a double, by a
+-- printf whose float path cost a finish more than any of its commands but two.)
 local function event_at(id, seq, type, data, at)
-  redis.call('XADD', ekey(id), seq .. '-0', 't', type, 'd', data, 'a', at)
+  redis.call('XADD', ekey(id), string.format('%d-0', seq), 't', type, 'd', data, 'a', at)
 end
 
 local function event(id, type, data, at)
@@ -233,9 +301,9 @@ end
 -- they count in {bb}:open, not in the tenant's quota. A tenant or parent with none has no field.
 local function leave_flight(tenant, parent)
   if parent then
-    if redis.call('HINCRBY', OPEN, parent, -1) <= 0 then redis.call('HDEL', OPEN, parent) end
-  elseif redis.call('HINCRBY', INFLIGHT, tenant, -1) <= 0 then
-    redis.call('HDEL', INFLIGHT, tenant)
+    tally(OPEN, parent, -1, true)
+  else
+    tally(INFLIGHT, tenant, -1, true)
   end
 end
 
@@ -332,9 +400,10 @@ local function write_webhook(id, url, msg, event, now, ttl)
 end
 
 -- Returns the TTL the job's keys got (its webhook messages get the same: write_webhook).
-local function make_terminal(id, ik, expires, now)
-  redis.call('ZADD', EXPIRING, expires, id)
-  local ttl = math.max(1, math.ceil(expires - tonumber(now))) + GRACE
+-- expires_at: expires as num() writes it, if the caller has it.
+local function make_terminal(id, ik, expires, now, expires_at)
+  zwrite('ZADD', EXPIRING, expires_at or num(expires), id)
+  local ttl = string.format('%d', math.max(1, math.ceil(expires - tonumber(now))) + GRACE)
   redis.call('EXPIRE', jkey(id), ttl)
   redis.call('EXPIRE', skey(id), ttl)
   redis.call('EXPIRE', ekey(id), ttl)
@@ -417,7 +486,7 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     local ty = type_of[m]
     local id = string.sub(m, M_ID)
     local j = jkey(id)
-    local seq = tonumber(string.sub(m, M_SEQ, M_RUN - 1))
+    local seq = string.sub(m, M_SEQ, M_RUN - 1) -- (a score as text: no number to write)
     if not ready_out[ty] then ready_out[ty], queued_out[ty], processing_in[ty] = {}, {}, {} end
     table.insert(ready_out[ty], m)
     table.insert(queued_out[ty], id)
@@ -433,23 +502,17 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     if not top then top = {}; clocks[ty] = top end
     if not top[pq] or tag > top[pq] then top[pq] = tag end
     local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority', '_ev')
-    local attempt = (tonumber(f[1]) or 0) + 1
-    local ev = (tonumber(f[4]) or 0) + 1 -- the seq of its status event
+    local attempt = string.format('%d', (tonumber(f[1]) or 0) + 1)
+    local ev = string.format('%d', (tonumber(f[4]) or 0) + 1) -- the seq of its status event
     local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
     redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt,
-      'fence', (tonumber(f[2]) or 0) + 1, 'worker_id', wjson, 'lease_expires_at', lease,
-      'started_at', now, '_cur', cur, '_ev', ev)
+      'fence', string.format('%d', (tonumber(f[2]) or 0) + 1), 'worker_id', wjson,
+      'lease_expires_at', lease, 'started_at', now, '_cur', cur, '_ev', ev)
     local priority = f[3] or string.format('%d', 100 - tonumber(pq))
     prios[priority] = (prios[priority] or 0) + 1
     event_at(id, ev, 'status',
       '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
     out[#out + 1] = read_job(id)
-  end
-  -- A command with the arguments args, 1,000 at a time (unpack has a limit; 1,000 keeps pairs).
-  local function in_chunks(command, key, args)
-    for first = 1, #args, 1000 do
-      redis.call(command, key, unpack(args, first, math.min(#args, first + 999)))
-    end
   end
   in_chunks('ZADD', LEASES, leases)
   in_chunks('ZREM', P .. 'i:s:queued', all_ids)
