@@ -50,9 +50,9 @@ local tag = nil
 if not delayed then
   tag = fair_tag(tenant, ty, pq, tonumber(ARGV[14]))
   fields[#fields + 1] = '_tg'
-  fields[#fields + 1] = string.format('%.0f', tag)
+  fields[#fields + 1] = string.format('%d', tag)
 end
-redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', 1, '_ca', ARGV[11], 'status', '"queued"',
+redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', '1', '_ca', ARGV[11], 'status', '"queued"',
   'priority', ARGV[12], 'attempts', '0', 'fence', '0', '_ty', ty, '_pq', ARGV[8], '_pp', '0',
   'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
 redis.call('SET', skey(id), spec)
@@ -66,11 +66,11 @@ redis.call('ZADD', nkey(tenant), sq, id)
 if parent then redis.call('ZADD', pkey(parent), sq, id) end
 reindex(id, ty, sq, nil, 'queued')
 redis.call('SADD', P .. 'types', ty)
-redis.call('HINCRBY', QPRIO, ARGV[12], 1)
+redis.call('HINCRBY', QPRIO, ARGV[12], '1')
 if delayed then
   enqueue_delayed(id, ty, sq, ARGV[9])
 else
-  redis.call('ZADD', rkey(ty), 0, ready_member(id, pq, tag, sq, ARGV[9]))
+  redis.call('ZADD', rkey(ty), '0', ready_member(id, pq, tag, sq, ARGV[9]))
   -- An idle worker takes it at once; else the waiters of its type are woken to claim it.
   if not hand_off(ty, ARGV[11]) then redis.call('PUBLISH', WAKE, ty) end
 end

@@ -84,7 +84,8 @@ end
 -- or summed per field with the batch's (the same end, as the batch's counts only fall).
 local function tally(key, field, by, drop)
   if not LATER then
-    if redis.call('HINCRBY', key, field, by) <= 0 and drop then redis.call('HDEL', key, field) end
+    local left = redis.call('HINCRBY', key, field, string.format('%d', by))
+    if left <= 0 and drop then redis.call('HDEL', key, field) end
     return
   end
   local name = 'HINCRBY ' .. key
@@ -192,19 +193,20 @@ end
 -- (start-time fair queueing, as backends/admission.py FairClocks.tag): max(the tenant's last
 -- tag in that queue, the queue's clock) + the job's cost (a number). Each queue has a clock of
 -- its own, moved only by claims from it. Tags are integers; a double holds them exactly below
--- 2^53, and their code (19 digits) keeps them in order up to 10^19.
+-- 2^53, and their code (19 digits) keeps them in order up to 10^19. They are written by '%d'
+-- (a 64-bit integer here), not by a float format: see event_at.
 local function fair_tag(tenant, ty, pq, cost)
   local key, last = fkey(ty), pq .. ':' .. tenant
   local f = redis.call('HMGET', key, pq, last)
   local clock = tonumber(f[1])
   if clock then
     local tag = math.max(clock, tonumber(f[2]) or 0) + cost
-    redis.call('HSET', key, last, string.format('%.0f', tag))
+    redis.call('HSET', key, last, string.format('%d', tag))
     return tag
   end
   clock = open_clock(pq)
   local tag = math.max(clock, tonumber(f[2]) or 0) + cost
-  redis.call('HSET', key, pq, string.format('%.0f', clock), last, string.format('%.0f', tag))
+  redis.call('HSET', key, pq, string.format('%d', clock), last, string.format('%d', tag))
   return tag
 end
 
@@ -262,15 +264,15 @@ end
 -- The member of a job in its type's ready queue: made again from the job's hash (_pq, _tg,
 -- _sq, run_at) when it has to be found there.
 local function ready_member(id, pq, tag, sq, run_at)
-  return pq .. string.format('%019.0f', tonumber(tag)) .. sq .. run_code(run_at) .. id
+  return pq .. string.format('%019d', tonumber(tag)) .. sq .. run_code(run_at) .. id
 end
 
 -- Put a job in its type's ready queue with fair-share tag `tag` (a number, from fair_tag or
 -- the one it had); run_at must be its hash's. _tg keeps the tag until the job is terminal,
 -- so a Release puts it back in its place.
 local function add_ready(id, ty, pq, tag, sq, run_at)
-  redis.call('HSET', jkey(id), '_tg', string.format('%.0f', tag))
-  redis.call('ZADD', rkey(ty), 0, ready_member(id, pq, tag, sq, run_at))
+  redis.call('HSET', jkey(id), '_tg', string.format('%d', tag))
+  redis.call('ZADD', rkey(ty), '0', ready_member(id, pq, tag, sq, run_at))
 end
 
 -- The same, and wake the waiters for its type.
@@ -290,9 +292,9 @@ end
 -- parent (the job's parent id, or nil).
 local function join_flight(tenant, parent)
   if parent then
-    redis.call('HINCRBY', OPEN, parent, 1)
+    redis.call('HINCRBY', OPEN, parent, '1')
   else
-    redis.call('HINCRBY', INFLIGHT, tenant, 1)
+    redis.call('HINCRBY', INFLIGHT, tenant, '1')
   end
 end
 
@@ -522,14 +524,16 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     in_chunks('ZREM', P .. 'i:st:queued:' .. ty, queued_out[ty])
     in_chunks('ZADD', P .. 'i:st:processing:' .. ty, processing_in[ty])
   end
-  for priority, count in pairs(prios) do redis.call('HINCRBY', QPRIO, priority, -count) end
+  for priority, count in pairs(prios) do
+    redis.call('HINCRBY', QPRIO, priority, string.format('%d', -count))
+  end
   -- Claiming moves each queue's clock up to the largest tag claimed from it (never down: a
   -- released job keeps an older tag). Only that queue's: another type's tenants keep their place.
   for ty, top in pairs(clocks) do
     local key = fkey(ty)
     for pq, tag in pairs(top) do
       local clock = tonumber(redis.call('HGET', key, pq))
-      if tag > (clock or 0) then redis.call('HSET', key, pq, string.format('%.0f', tag)) end
+      if tag > (clock or 0) then redis.call('HSET', key, pq, string.format('%d', tag)) end
     end
   end
   return out
