@@ -373,6 +373,33 @@ async def test_a_finish_batch_moves_every_index_entry_and_count_as_finishes_alon
         assert stored is not None and stored.status == status
 
 
+async def test_a_gathered_index_write_that_fails_fails_alone(
+    engine: RedisBackend, client: Redis, scripts_run: Counter[str]
+) -> None:
+    """A batch's gathered writes go after its finishes: one that fails (its key is not a sorted
+    set: a damaged store) leaves the finishes applied and answered, and the other writes made."""
+    jobs = [await enqueue(engine) for _ in range(3)]
+    held = await engine.claim("w1", limit=3, now=T0, lease_s=30)
+    assert [j.task_id for j in held] == [j.task_id for j in jobs]
+    await client.set(engine._p + "i:s:completed", "not a sorted set")
+    scripts_run.clear()
+    done = await asyncio.gather(
+        *(engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 1, claimed=j) for j in held),
+        return_exceptions=True,
+    )
+    assert scripts_run == {"finish": 1, "finish_many": 1}
+    # The first went alone and wrote at once: its caller hears of it, as before batching.
+    assert isinstance(done[0], BackendError) and "WRONGTYPE" in str(done[0]), done[0]
+    for finished in done[1:]:
+        assert isinstance(finished, Job) and finished.status == JobStatus.COMPLETED, finished
+    batched = {j.task_id.encode() for j in held[1:]}
+    assert set(await client.zrange(engine._p + "i:st:completed:summarize", 0, -1)) >= batched
+    processing = set(await client.zrange(engine._p + "i:s:processing", 0, -1))
+    assert processing.isdisjoint(batched)
+    assert set(await client.zrange(engine._p + "leases", 0, -1)).isdisjoint(batched)
+    assert await client.get(engine._p + "i:s:completed") == b"not a sorted set"
+
+
 async def test_a_call_cancelled_before_its_batch_leaves_is_not_sent(
     engine: RedisBackend, client: Redis
 ) -> None:

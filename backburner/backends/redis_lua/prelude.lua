@@ -99,16 +99,26 @@ local function tally(key, field, by, drop)
 end
 
 -- Make the batch's gathered writes, in the order their keys first came. One that fails (a
--- key of another type) fails alone, as it would have failed its group alone.
+-- key of another type: a damaged store) fails alone, as it would have failed its group alone,
+-- and says so in Redis's log: the finishes it belongs to are applied and answered.
 local function write_later()
   local batch = LATER
   LATER = nil
+  local function check(ok, err, command, key)
+    if ok then return end
+    if type(err) == 'table' then err = err.err end
+    redis.log(redis.LOG_WARNING, 'backburner: ' .. command .. ' ' .. key .. ': ' .. tostring(err))
+  end
   for _, entry in ipairs(batch) do
     local command, key, args = entry[1], entry[2], entry[3]
     if command == 'HINCRBY' then
-      for field, by in pairs(args) do pcall(tally, key, field, by, entry[4]) end
+      for field, by in pairs(args) do
+        local ok, err = pcall(tally, key, field, by, entry[4])
+        check(ok, err, command, key)
+      end
     else
-      pcall(in_chunks, command, key, args)
+      local ok, err = pcall(in_chunks, command, key, args)
+      check(ok, err, command, key)
     end
   end
 end
