@@ -373,6 +373,37 @@ async def test_a_finish_batch_moves_every_index_entry_and_count_as_finishes_alon
         assert stored is not None and stored.status == status
 
 
+async def test_a_batch_claims_back_its_own_retries_after_moving_their_index_entries(
+    engine: RedisBackend, client: Redis, scripts_run: Counter[str]
+) -> None:
+    """A retry due now, in a batch whose finishes ask for the next claim, may be claimed back
+    by the same call: its gathered index moves (into queued) are made before the claim moves
+    it on (into processing), or the job would be left listed as queued while it runs."""
+    jobs = [await enqueue(engine) for _ in range(3)]
+    held = await engine.claim("w1", limit=3, now=T0, lease_s=30)
+    assert [j.task_id for j in held] == [j.task_id for j in jobs]
+    now = T0 + 1
+    refills = [NextClaim("w1", 30.0, ["summarize"]) for _ in held]
+    scripts_run.clear()
+    await asyncio.gather(
+        *(
+            engine.finish(j.task_id, j.fence, RetryAt(error(), run_at=now), now=now, then_claim=r)
+            for j, r in zip(held, refills, strict=True)
+        )
+    )
+    assert scripts_run == {"finish": 1, "finish_many": 1}
+    again = [j for r in refills for j in r.jobs]
+    assert sorted(j.task_id for j in again) == sorted(j.task_id for j in held)
+    ids = {j.task_id.encode() for j in held}
+    assert set(await client.zrange(engine._p + "i:s:processing", 0, -1)) == ids
+    assert set(await client.zrange(engine._p + "i:st:processing:summarize", 0, -1)) == ids
+    assert await client.zrange(engine._p + "i:s:queued", 0, -1) == []
+    assert await client.zrange(engine._p + "i:st:queued:summarize", 0, -1) == []
+    for job in again:
+        stored = await engine.get(job.task_id)
+        assert stored is not None and stored.status == JobStatus.PROCESSING
+
+
 async def test_a_gathered_index_write_that_fails_fails_alone(
     engine: RedisBackend, client: Redis, scripts_run: Counter[str]
 ) -> None:
