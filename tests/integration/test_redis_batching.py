@@ -373,6 +373,35 @@ async def test_a_finish_batch_moves_every_index_entry_and_count_as_finishes_alon
         assert stored is not None and stored.status == status
 
 
+async def test_a_finish_batch_drops_the_counts_it_brings_to_zero(
+    engine: RedisBackend, client: Redis, scripts_run: Counter[str]
+) -> None:
+    """A tenant's (or a parent's) count summed over a batch drops its field at zero, as each
+    finish alone would: a field left at 0 or below would let the tenant past its quota."""
+    alone = await enqueue(engine, tenant="other")  # the first finish goes alone: this one's
+    parent = await enqueue(engine, tenant="solo")
+    first = await engine.claim("w1", limit=2, now=T0, lease_s=30)
+    assert [j.task_id for j in first] == [alone.task_id, parent.task_id]
+    children = [await enqueue(engine, parent_id=parent.task_id) for _ in range(3)]
+    jobs = [parent, *children]
+    assert await client.hget(engine._p + "open", parent.task_id) == b"3"
+    assert await engine.tenant_in_flight("solo") == 1
+    held = await engine.claim("w1", limit=3, now=T0, lease_s=30)
+    assert {j.task_id for j in held} == {j.task_id for j in children}
+    running = [*first, *held]
+    scripts_run.clear()
+    await asyncio.gather(
+        *(engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 1, claimed=j) for j in running)
+    )
+    assert scripts_run == {"finish": 1, "finish_many": 1}
+    assert not await client.hexists(engine._p + "open", parent.task_id)
+    assert not await client.hexists(engine._p + "inflight", "solo")
+    assert not await engine.has_open_children(parent.task_id)
+    for job in jobs:
+        stored = await engine.get(job.task_id)
+        assert stored is not None and stored.status == JobStatus.COMPLETED
+
+
 async def test_a_batch_claims_back_its_own_retries_after_moving_their_index_entries(
     engine: RedisBackend, client: Redis, scripts_run: Counter[str]
 ) -> None:
@@ -424,7 +453,9 @@ async def test_a_gathered_index_write_that_fails_fails_alone(
     for finished in done[1:]:
         assert isinstance(finished, Job) and finished.status == JobStatus.COMPLETED, finished
     batched = {j.task_id.encode() for j in held[1:]}
-    assert set(await client.zrange(engine._p + "i:st:completed:summarize", 0, -1)) >= batched
+    assert set(await client.zrange(engine._p + "i:st:completed:summarize", 0, -1)) == batched
+    assert set(await client.zrange(engine._p + "expiring", 0, -1)) == batched
+    assert await engine.tenant_in_flight("default") == 1  # the lone one stopped before its own
     processing = set(await client.zrange(engine._p + "i:s:processing", 0, -1))
     assert processing.isdisjoint(batched)
     assert set(await client.zrange(engine._p + "leases", 0, -1)).isdisjoint(batched)

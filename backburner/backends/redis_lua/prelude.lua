@@ -60,6 +60,8 @@ end
 -- before its end go here (index entries, counters), of members no two groups share (a finish
 -- that applies takes its job out of processing, so the job's next finish in the batch is lost).
 -- LATER: a list of {command, key, args}, and LATER[command .. ' ' .. key] = that entry.
+-- Nothing may claim while it is set: claim_jobs writes at once, and a move it made would be
+-- undone by a gathered one (finish_many claims after write_later; its groups never do).
 local LATER = nil
 
 -- ZADD key score member, or ZREM key member (b nil), now or with the batch's.
@@ -203,8 +205,9 @@ end
 -- (start-time fair queueing, as backends/admission.py FairClocks.tag): max(the tenant's last
 -- tag in that queue, the queue's clock) + the job's cost (a number). Each queue has a clock of
 -- its own, moved only by claims from it. Tags are integers; a double holds them exactly below
--- 2^53, and their code (19 digits) keeps them in order up to 10^19. They are written by '%d'
--- (a 64-bit integer here), not by a float format: see event_at.
+-- 2^53, and their code (19 digits) keeps them in order up to 2^63 (about 9.2e18, where '%d',
+-- a 64-bit integer here, would wrap: about 10^12 jobs of weight 1). They are written by '%d',
+-- not by a float format: see event_at.
 local function fair_tag(tenant, ty, pq, cost)
   local key, last = fkey(ty), pq .. ':' .. tenant
   local f = redis.call('HMGET', key, pq, last)
