@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
+from own_redis import own_redis, server_argv  # (bench/own_redis.py, beside this file)
 
 from backburner.backends.base import Complete, NewJob, fingerprint, new_task_id
 from backburner.backends.redis import RedisBackend
@@ -116,37 +116,11 @@ def measure(server: str, port: int, jobs: int, keep: Path | None) -> dict[str, o
         "valgrind",
         "--tool=callgrind",
         f"--callgrind-out-file={directory}/callgrind.out.%p",
-        server,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
+        *server_argv(server, port),
     ]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    message = f"redis-server under valgrind did not start on port {port}"
-                    raise SystemExit(message) from None
-                time.sleep(0.2)
+    with own_redis(argv, port) as client:
         version = str(client.info("server")["redis_version"])
         asyncio.run(_run_phases(port, jobs))
-    finally:
-        try:
-            client.shutdown(nosave=True)
-        except redis.RedisError:
-            process.terminate()
-        process.wait(timeout=60)
     counts = _dumped(directory)
     if keep is not None:
         shutil.copytree(directory, keep, dirs_exist_ok=True)

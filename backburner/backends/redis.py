@@ -85,6 +85,7 @@ _SCRIPTS = (
     "slot_acquire",
     "slot_renew",
     "wake",
+    "watch_heads",
     *READ_SCRIPTS,
     *WEBHOOK_SCRIPTS,
 )
@@ -93,6 +94,7 @@ _SCRIPTS = (
 _SAFE_TO_REPEAT = frozenset(
     {
         *READ_SCRIPTS,
+        "watch_heads",  # (it makes a stream, once)
         "next_due",
         "idle",
         "unidle",
@@ -541,7 +543,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             await asyncio.sleep(timeout)
             return {}
         ids = list(after)
-        heads = await self._run("read_heads", *ids)
+        heads = await self._run("watch_heads", *ids)
         grown = {
             task_id: int(head or 0)
             for task_id, head in zip(ids, heads, strict=True)

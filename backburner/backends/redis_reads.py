@@ -19,9 +19,8 @@ from ..models import Event, Job, JobStatus
 from .base import Page, Stats, WorkerInfo, parse_cursor
 from .redis_codec import decode_events, decode_job, decode_jobs, number
 
-READ_SCRIPTS = ("read_jobs", "list_jobs", "read_events", "read_heads", "stats")
-"""The scripts of this module (and ``read_heads``, for waiting on events): they change nothing,
-so they are safe to send again."""
+READ_SCRIPTS = ("read_jobs", "list_jobs", "read_events", "stats")
+"""The scripts of this module: they change nothing, so they are safe to send again."""
 
 _LIST_SCAN_BUDGET = 10_000
 """Index entries one page of a listing by tenant and status or type may look at; a page that

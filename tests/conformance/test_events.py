@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from backburner.backends import Backend
-from backburner.backends.base import Release
+from backburner.backends.base import Complete, Fail, Release, RetryAt, Wait
 from backburner.errors import InvalidInputError, LeaseLostError
 from backburner.models import JobStatus, Progress
 
-from ._support import T0, claim_one, drive, enqueue, snapshot
+from ._support import T0, claim_one, drive, enqueue, error, snapshot
 
 
 async def test_seq_grows_by_one_per_job(backend: Backend) -> None:
@@ -202,3 +204,98 @@ async def test_reads_do_not_share_state_with_the_store(backend: Backend) -> None
     again = await backend.get(job.task_id)
     assert again is not None and again.input == {"q": [1]}
     assert (await backend.events(job.task_id))[0].data == {"status": "queued"}
+
+
+async def test_a_whole_life_reads_back_in_order_whole_and_page_by_page(backend: Backend) -> None:
+    """Every kind of transition writes its events (a backend may keep some apart from the
+    others, or make them from the job's record): the log reads back as one sequence, whole
+    and in pages of any size, the same on every backend."""
+    job = await enqueue(backend, max_attempts=5)
+    first = await claim_one(backend, job.task_id, now=T0 + 1)
+    late = RetryAt(error("rate_limited", "429"), run_at=T0 + 2.25)
+    await backend.finish(job.task_id, first.fence, late, now=T0 + 1.5)
+    second = await claim_one(backend, job.task_id, worker="w2", now=T0 + 3)
+    await backend.finish(job.task_id, second.fence, Release("shutdown"), now=T0 + 3.5)
+    third = await claim_one(backend, job.task_id, now=T0 + 4)
+    await backend.append_event(job.task_id, third.fence, "token", {"text": "hi"}, now=T0 + 4.5)
+    await backend.finish(job.task_id, third.fence, Wait(T0 + 5, "children"), now=T0 + 4.75)
+    fourth = await claim_one(backend, job.task_id, now=T0 + 6)
+    boom = error("bad", "no", retryable=False)
+    await backend.finish(job.task_id, fourth.fence, Fail(boom, ttl_s=600), now=T0 + 6.5)
+    await backend.replay(job.task_id, now=T0 + 7, extra_attempts=1)
+    fifth = await claim_one(backend, job.task_id, worker="w3", now=T0 + 8)
+    await backend.finish(job.task_id, fifth.fence, Complete({"n": 1.1}), now=T0 + 9)
+
+    dumped = late.error.model_dump()
+    failed = boom.model_dump()
+    expected = [
+        ("status", {"status": "queued"}, T0),
+        ("status", {"status": "processing", "attempt": 1, "worker_id": "w1"}, T0 + 1),
+        ("attempt_failed", {"error": dumped, "retry_at": T0 + 2.25, "attempt": 1}, T0 + 1.5),
+        ("status", {"status": "queued"}, T0 + 1.5),
+        ("status", {"status": "processing", "attempt": 2, "worker_id": "w2"}, T0 + 3),
+        ("status", {"status": "queued", "released": "shutdown"}, T0 + 3.5),
+        ("status", {"status": "processing", "attempt": 2, "worker_id": "w1"}, T0 + 4),
+        ("token", {"text": "hi"}, T0 + 4.5),
+        ("status", {"status": "queued", "waiting": "children"}, T0 + 4.75),
+        ("status", {"status": "processing", "attempt": 2, "worker_id": "w1"}, T0 + 6),
+        ("attempt_failed", {"error": failed, "attempt": 2}, T0 + 6.5),
+        ("status", {"status": "failed", "error": failed}, T0 + 6.5),
+        ("status", {"status": "queued", "replayed": True}, T0 + 7),
+        ("status", {"status": "processing", "attempt": 3, "worker_id": "w3"}, T0 + 8),
+        ("status", {"status": "completed", "result": {"n": 1.1}}, T0 + 9),
+    ]
+    await check_log(backend, job.task_id, expected)  # (a Release or a Wait charges no attempt)
+
+
+async def test_claims_and_outcomes_alone_read_back_in_order(backend: Backend) -> None:
+    """The same for a job with no events of its own, no Release, Wait, cancel or replay."""
+    job = await enqueue(backend, max_attempts=3)
+    first = await claim_one(backend, job.task_id, now=T0 + 1)
+    late = RetryAt(error("rate_limited", "429"), run_at=T0 + 1.75)
+    await backend.finish(job.task_id, first.fence, late, now=T0 + 1.5)
+    second = await claim_one(backend, job.task_id, worker="w2", now=T0 + 2)
+    boom = error("bad", 'no/way \\ "é"', retryable=False)
+    await backend.finish(job.task_id, second.fence, Fail(boom, ttl_s=600), now=T0 + 2.5)
+    done = await enqueue(backend)
+    third = await claim_one(backend, done.task_id, now=T0 + 3)
+    await backend.finish(done.task_id, third.fence, Complete(["a/b", None]), now=T0 + 3.25)
+
+    dumped, failed = late.error.model_dump(), boom.model_dump()
+    await check_log(
+        backend,
+        job.task_id,
+        [
+            ("status", {"status": "queued"}, T0),
+            ("status", {"status": "processing", "attempt": 1, "worker_id": "w1"}, T0 + 1),
+            ("attempt_failed", {"error": dumped, "retry_at": T0 + 1.75, "attempt": 1}, T0 + 1.5),
+            ("status", {"status": "queued"}, T0 + 1.5),
+            ("status", {"status": "processing", "attempt": 2, "worker_id": "w2"}, T0 + 2),
+            ("attempt_failed", {"error": failed, "attempt": 2}, T0 + 2.5),
+            ("status", {"status": "failed", "error": failed}, T0 + 2.5),
+        ],
+    )
+    await check_log(
+        backend,
+        done.task_id,
+        [
+            ("status", {"status": "queued"}, T0),
+            ("status", {"status": "processing", "attempt": 1, "worker_id": "w1"}, T0 + 3),
+            ("status", {"status": "completed", "result": ["a/b", None]}, T0 + 3.25),
+        ],
+    )
+
+
+async def check_log(backend: Backend, task_id: str, expected: list[tuple[str, Any, float]]) -> None:
+    """The job's events are ``expected`` (type, data, at), seqs from 1, read whole and in
+    pages of several sizes."""
+    events = await backend.events(task_id)
+    assert [e.seq for e in events] == list(range(1, len(expected) + 1))
+    assert [(e.type, e.data, e.at) for e in events] == expected
+    for size in (1, 2, 3, 7):
+        paged, after = [], 0
+        while page := await backend.events(task_id, after=after, limit=size):
+            assert len(page) <= size
+            paged += page
+            after = page[-1].seq
+        assert [e.model_dump() for e in paged] == [e.model_dump() for e in events], size

@@ -308,6 +308,8 @@ async def test_a_lua_error_in_a_finish_batch_fails_that_finish_alone(
     jobs = [await enqueue(engine) for _ in range(3)]
     held = await engine.claim("w1", limit=3, now=T0, lease_s=30)
     assert [j.task_id for j in held] == [j.task_id for j in jobs]
+    # A progress event gives the job its stream: its status events go there from then on.
+    await engine.append_event(held[1].task_id, held[1].fence, "progress", {}, now=T0)
     await client.set(engine._p + "e:" + held[1].task_id, "not a stream")
     scripts_run.clear()
     done = await asyncio.gather(

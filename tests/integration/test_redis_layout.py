@@ -47,6 +47,8 @@ async def test_terminal_jobs_expire_by_redis_ttl_and_a_replay_keeps_them(
     idem_key = f"{{{engine.prefix}}}:k:k2"
     assert await client.ttl(per_job[0]) == -1  # a live job never expires
     claimed = await claim_one(engine, now=T0)
+    # (an event of its own makes its stream, e:<id>, which expires with it)
+    await engine.append_event(job.task_id, claimed.fence, "tick", {}, now=T0)
     error = ErrorInfo(type="Boom", message="no")
     await engine.finish(job.task_id, claimed.fence, Fail(error, ttl_s=900), now=T0 + 1)
     for key in [*per_job, idem_key]:
@@ -401,6 +403,8 @@ async def test_a_webhook_message_is_a_hash_in_the_due_set_that_goes_with_its_job
     job = await enqueue(engine, "summarize", now=T0, ttl_s=600, webhook_url="https://h.example/in")
     assert await client.hget(p + "j:" + job.task_id, "webhook_url") == b'"https://h.example/in"'
     claimed = await claim_one(engine, now=T0)
+    # (an event of its own makes its stream, e:<id>, which expires with it)
+    await engine.append_event(job.task_id, claimed.fence, "tick", {}, now=T0)
     error = ErrorInfo(type="Boom", message="no")
     await engine.finish(job.task_id, claimed.fence, Fail(error, ttl_s=900), now=T0 + 1)
     (message,) = await engine.webhook_deliveries(job.task_id)

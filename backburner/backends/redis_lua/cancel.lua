@@ -4,7 +4,7 @@
 local id, now = ARGV[2], ARGV[3]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', '_ty', '_sq', '_tg', 'worker_id', 'fence', '_cur',
-  '_ttl', '_ik', 'priority', 'webhook_url', 'tenant', '_pq', 'run_at', 'parent_id')
+  '_ttl', '_ik', 'priority', 'webhook_url', 'tenant', '_pq', 'run_at', 'parent_id', '_es')
 if not f[1] then return {'missing'} end
 local status = raw(f[1])
 if TERMINAL[status] then return {'unchanged', read_job(id)} end
@@ -50,6 +50,6 @@ redis.call('HSET', j, 'status', '"cancelled"', 'finished_at', now, 'expires_at',
 redis.call('HDEL', j, 'lease_expires_at', '_tg')
 reindex(id, ty, seq, status, 'cancelled')
 leave_flight(tenant, parent_of(f[15]))
-event(id, 'status', '{"status":"cancelled"}', now)
-write_webhook(id, url, ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now))
+event(id, 'status', '{"status":"cancelled"}', now, f[16]) -- (it makes the stream: '1')
+write_webhook(id, url, ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now, nil, '1'))
 return {'ok', read_job(id)}

@@ -41,9 +41,8 @@ local sq = string.format('%012d', seq)
 local j = jkey(id)
 local fields = {}
 for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
--- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. A Redis
--- Stream costs about 4 KB from its first entry (Redis 7 preallocates a node), so a job gets
--- its stream when it starts running, not while it waits.
+-- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. The job
+-- has no stream yet (_es '0'): it gets one when it needs one (prelude: event).
 local delayed, pq = ARGV[10] == '1', ARGV[8]
 -- A job due now joins its tenant's line at once: its tag goes in with the rest of its hash.
 local tag = nil
@@ -52,9 +51,9 @@ if not delayed then
   fields[#fields + 1] = '_tg'
   fields[#fields + 1] = string.format('%d', tag)
 end
-redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', '1', '_ca', ARGV[11], 'status', '"queued"',
-  'priority', ARGV[12], 'attempts', '0', 'fence', '0', '_ty', ty, '_pq', ARGV[8], '_pp', '0',
-  'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
+redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', '1', '_es', '0', '_ca', ARGV[11],
+  'status', '"queued"', 'priority', ARGV[12], 'attempts', '0', 'fence', '0', '_ty', ty,
+  '_pq', ARGV[8], '_pp', '0', 'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end

@@ -15,7 +15,7 @@ local id, fence, now, msg, hook, kind = ARGV[2], ARGV[3], ARGV[4], ARGV[6], ARGV
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', '_ty', '_sq',
   'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url', 'tenant', '_fc', '_tg',
-  'parent_id', '_hist', '_ev', '_pp', '_pm')
+  'parent_id', '_hist', '_ev', '_pp', '_pm', '_es')
 if f[1] ~= '"processing"' or f[2] ~= fence then return {'lost'} end
 local lease_end = tonumber(f[3]) -- none: it cannot be running on a lease any more
 if ARGV[5] == '1' and lease_end and lease_end > tonumber(now) then return {'lost'} end
@@ -44,13 +44,19 @@ if kind == 'release' and not tag then -- none kept: at the front, at its queue's
   tag = tonumber(redis.call('HGET', fkey(ty), pq)) or 0
 end
 local ev = tonumber(f[18]) or 0 -- this transition's events take the seqs after it
+-- With no stream, a Complete's, a Fail's or a RetryAt's events are made from the attempt's
+-- record (prelude: event), which notes the seq of the first ("ee"). Others make the stream.
+local es = f[21]
+local derive = cur and es == '0'
+local first = string.format('%d', ev + 1)
 
 -- The job's one HSET: the outcome's fields (sets), the attempt in progress closed into _hist
--- (a job without one has none to close), and _ev past the `events` events it appends.
-local function write_job(sets, outcome, error_json, events)
+-- (a job without one has none to close; extra: more members of its record), and _ev past the
+-- `events` events it appends.
+local function write_job(sets, outcome, error_json, events, extra)
   if cur then
     sets[#sets + 1] = '_hist'
-    sets[#sets + 1] = closed_history(f[17], cur, now, outcome, error_json)
+    sets[#sets + 1] = closed_history(f[17], cur, now, outcome, error_json, extra)
   end
   sets[#sets + 1] = '_ev'
   sets[#sets + 1] = string.format('%d', ev + events)
@@ -70,34 +76,43 @@ if kind == 'complete' then
     sets[#sets + 1] = 'usage'
     sets[#sets + 1] = ARGV[12]
   end
-  write_job(sets, 'completed', nil, 1)
+  if derive then
+    write_job(sets, 'completed', nil, 1, ',"ee":' .. first)
+  else
+    write_job(sets, 'completed', nil, 1)
+    event_at(id, ev + 1, 'status', ARGV[13], now)
+  end
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, sq, 'processing', 'completed')
   leave_flight(tenant, parent)
-  event_at(id, ev + 1, 'status', ARGV[13], now)
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at, es))
 elseif kind == 'fail' then
   local err = ARGV[11]
   expires, percent = tonumber(now) + tonumber(ARGV[12]), f[19] or '0'
   expires_at = num(expires)
   write_job({'status', '"failed"', 'error', err, 'finished_at', now, 'expires_at', expires_at},
-    'failed', err, 2)
+    'failed', err, 2, derive and ',"ee":' .. first or nil)
   redis.call('HDEL', j, 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, sq, 'processing', 'failed')
   leave_flight(tenant, parent)
-  event_at(id, ev + 1, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}',
-    now)
-  event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
+  if not derive then
+    event_at(id, ev + 1, 'attempt_failed', '{"error":' .. err .. ',"attempt":' .. attempts .. '}',
+      now)
+    event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
+  end
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at, es))
 elseif kind == 'retry' then
   local err, run_at = ARGV[11], ARGV[12]
-  write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2)
+  write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2,
+    derive and ',"ee":' .. first .. ',"ra":' .. run_at or nil)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, sq, 'processing', 'queued')
   tally(QPRIO, priority, 1, false)
-  event_at(id, ev + 1, 'attempt_failed',
-    '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
-  event_at(id, ev + 2, 'status', '{"status":"queued"}', now)
+  if not derive then
+    event_at(id, ev + 1, 'attempt_failed',
+      '{"error":' .. err .. ',"retry_at":' .. run_at .. ',"attempt":' .. attempts .. '}', now)
+    event_at(id, ev + 2, 'status', '{"status":"queued"}', now)
+  end
   if ARGV[13] == '1' then
     enqueue_delayed(id, ty, sq, run_at)
   else -- due now: to the back of its tenant's line
@@ -105,8 +120,8 @@ elseif kind == 'retry' then
   end
 elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like a RetryAt
   local run_at = ARGV[12]
-  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at},
-    'waiting', nil, 1)
+  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at,
+    '_es', '1'}, 'waiting', nil, 1) -- (its event makes the stream, if there was none)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, sq, 'processing', 'queued')
   tally(QPRIO, priority, 1, false)
@@ -117,8 +132,8 @@ elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like 
     enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
   end
 else -- release
-  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', now},
-    'released', nil, 1)
+  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', now,
+    '_es', '1'}, 'released', nil, 1) -- (its event makes the stream, if there was none)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, sq, 'processing', 'queued')
   tally(QPRIO, priority, 1, false)

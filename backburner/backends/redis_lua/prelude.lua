@@ -139,9 +139,22 @@ local function event_at(id, seq, type, data, at)
   redis.call('XADD', ekey(id), string.format('%d-0', seq), 't', type, 'd', data, 'a', at)
 end
 
-local function event(id, type, data, at)
-  local seq = redis.call('HINCRBY', jkey(id), '_ev', 1)
+-- Where a job's events are (docs/redis.md, "Events"). The first ("queued") is made from _ca
+-- and never stored. A job of this release has no stream at first (its _es is '0'): the events
+-- of a claim ("processing") and of a Complete, a Fail or a RetryAt are made from the attempt's
+-- record, which notes their seqs (members "ev", "ee" of _cur and _hist; read_events.lua), as
+-- a Redis Stream costs about 4 KB from its first entry and XADD was a tenth of what a claim
+-- and a finish cost Redis. Any other event (append_event's, a Release's, a Wait's, a cancel's,
+-- a replay's) makes its stream, and somebody waiting for its events (watch_heads.lua) does
+-- too: _es becomes '1', and from then on every event goes to the stream, where XREAD BLOCK
+-- sees it. No _es: a job of an earlier release, whose events all go to its stream.
+
+-- An event under the job's next seq, into its stream; es: its _es as read (the caller's HMGET).
+local function event(id, type, data, at, es)
+  local j = jkey(id)
+  local seq = redis.call('HINCRBY', j, '_ev', 1)
   event_at(id, seq, type, data, at)
+  if es == '0' then redis.call('HSET', j, '_es', '1') end
   return seq
 end
 
@@ -317,11 +330,12 @@ local function leave_flight(tenant, parent)
   end
 end
 
--- The _hist text once the attempt in progress (cur, its _cur) is closed; hist: _hist as read.
-local function closed_history(hist, cur, now, outcome, error_json)
+-- The _hist text once the attempt in progress (cur, its _cur) is closed; hist: _hist as read;
+-- extra: more members of the record (the seqs of the events it stands for) or nil.
+local function closed_history(hist, cur, now, outcome, error_json, extra)
   local record = cur .. ',"finished_at":' .. now .. ',"outcome":"' .. outcome .. '"'
   if error_json then record = record .. ',"error":' .. error_json end
-  record = record .. '}'
+  record = record .. (extra or '') .. '}'
   if hist and hist ~= '' then return hist .. ',' .. record end
   return record
 end
@@ -411,12 +425,13 @@ end
 
 -- Returns the TTL the job's keys got (its webhook messages get the same: write_webhook).
 -- expires_at: expires as num() writes it, if the caller has it.
-local function make_terminal(id, ik, expires, now, expires_at)
+-- es: the job's _es ('0': it has no stream to expire).
+local function make_terminal(id, ik, expires, now, expires_at, es)
   zwrite('ZADD', EXPIRING, expires_at or num(expires), id)
   local ttl = string.format('%d', math.max(1, math.ceil(expires - tonumber(now))) + GRACE)
   redis.call('EXPIRE', jkey(id), ttl)
   redis.call('EXPIRE', skey(id), ttl)
-  redis.call('EXPIRE', ekey(id), ttl)
+  if es ~= '0' then redis.call('EXPIRE', ekey(id), ttl) end
   if ik and ik ~= '' then redis.call('EXPIRE', P .. 'k:' .. ik, ttl) end
   return ttl
 end
@@ -511,17 +526,21 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     local top = clocks[ty]
     if not top then top = {}; clocks[ty] = top end
     if not top[pq] or tag > top[pq] then top[pq] = tag end
-    local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority', '_ev')
+    local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority', '_ev', '_es')
     local attempt = string.format('%d', (tonumber(f[1]) or 0) + 1)
     local ev = string.format('%d', (tonumber(f[4]) or 0) + 1) -- the seq of its status event
     local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
+    if f[5] == '0' then -- no stream: its record stands for its status event
+      cur = cur .. ',"ev":' .. ev
+    else
+      event_at(id, ev, 'status',
+        '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
+    end
     redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt,
       'fence', string.format('%d', (tonumber(f[2]) or 0) + 1), 'worker_id', wjson,
       'lease_expires_at', lease, 'started_at', now, '_cur', cur, '_ev', ev)
     local priority = f[3] or string.format('%d', 100 - tonumber(pq))
     prios[priority] = (prios[priority] or 0) + 1
-    event_at(id, ev, 'status',
-      '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
     out[#out + 1] = read_job(id)
   end
   in_chunks('ZADD', LEASES, leases)

@@ -5,7 +5,7 @@
 local id, now = ARGV[2], ARGV[3]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', '_ty', '_sq', 'attempts', '_dl', '_ik', 'priority',
-  '_pq', 'tenant', '_fc', 'parent_id')
+  '_pq', 'tenant', '_fc', 'parent_id', '_es')
 if not f[1] then return {'missing'} end
 if f[1] ~= '"failed"' then return {'invalid', raw(f[1])} end
 local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[2], f[3], f[7], f[8], f[9],
@@ -30,7 +30,7 @@ redis.call('ZREM', EXPIRING, id)
 reindex(id, ty, seq, 'failed', 'queued')
 redis.call('HINCRBY', QPRIO, priority, 1)
 join_flight(tenant, parent_of(f[11]))
-event(id, 'status', '{"status":"queued","replayed":true}', now)
+event(id, 'status', '{"status":"queued","replayed":true}', now, f[12])
 local tag = fair_tag(tenant, ty, pq, cost) -- to the back of its tenant's line
 enqueue_ready(id, ty, pq, tag, sq, now)
 return {'ok', read_job(id)}
