@@ -32,7 +32,7 @@ from ..errors import (
     SubmitRateLimitedError,
 )
 from ..jsoncodec import check_usage, encode
-from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress, Usage
+from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress, Usage, replaced
 from .base import (
     Complete,
     Fail,
@@ -147,14 +147,15 @@ def _finished(
     outcome's script arguments (``details``: kind, result, usage for a Complete) and the reply
     {'ok', false, expires_at, progress percent, progress message}, which carries what may have
     changed since the claim."""
-    message = reply[4]
+    percent, message = float(reply[3]), None if reply[4] is None else from_json(reply[4])
+    progress = claimed.progress
+    if progress.percent != percent or progress.message != message:
+        progress = Progress(percent=percent, message=message)
     update: dict[str, Any] = {
         "finished_at": now,
         "expires_at": float(reply[2]),
         "lease_expires_at": None,
-        "progress": Progress(
-            percent=float(reply[3]), message=None if message is None else from_json(message)
-        ),
+        "progress": progress,
     }
     if isinstance(outcome, Complete):
         status, error = JobStatus.COMPLETED, None
@@ -167,8 +168,8 @@ def _finished(
     history = claimed.history
     if history and history[-1].finished_at is None:  # the attempt's record, open since claimed
         closed = {"finished_at": now, "outcome": status.value, "error": error}
-        update["history"] = [*history[:-1], history[-1].model_copy(update=closed)]
-    return claimed.model_copy(update=update)
+        update["history"] = [*history[:-1], replaced(history[-1], closed)]
+    return replaced(claimed, update)
 
 
 class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
