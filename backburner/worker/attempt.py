@@ -14,6 +14,7 @@ from ..context import JobContext, activate
 from ..errors import BackendError, InvalidInputError, LeaseLostError, Suspend
 from ..models import ErrorInfo, Job
 from ..observability.logs import job_fields
+from .timeouts import TIMED_OUT, CoarseTimeouts
 
 if TYPE_CHECKING:
     from ..app import Backburner
@@ -25,7 +26,7 @@ CANCELLED = "cancelled"
 LEASE_LOST = "lease_lost"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # (hashed by identity: CoarseTimeouts keeps sets of them)
 class Attempt:
     """An attempt a worker runs: the claimed job, its asyncio task and what became of it."""
 
@@ -44,6 +45,8 @@ class Attempt:
     on_stored: Callable[[Attempt], None] | None = None
     """Called once its outcome is stored, before its hooks run (the worker frees its slot and
     starts what the write claimed for it)."""
+    timeouts: CoarseTimeouts | None = None
+    """The worker's enforcer of long timeouts (None: asyncio.timeout for every timeout)."""
 
 
 class _FailNowError(Exception):
@@ -118,13 +121,25 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         if job.deadline_at is not None:
             left = job.deadline_at - now
             timeout = left if timeout is None else min(timeout, left)
+        timeouts = attempt.timeouts
         if timeout is None:  # (asyncio.timeout(None) costs every job a Timeout for nothing)
             result = await definition.call(ctx, job.input)
-        else:
+        elif timeouts is None or timeout < timeouts.min_timeout_s:
             async with asyncio.timeout(timeout):
                 result = await definition.call(ctx, job.input)
+        else:
+            slot = timeouts.arm(attempt, timeout)
+            try:
+                result = await definition.call(ctx, job.input)
+            finally:
+                timeouts.disarm(attempt, slot)
+            if attempt.stop_reason == TIMED_OUT:  # the handler swallowed the cancellation:
+                _timed_out(attempt)  # its result stands (as with asyncio.timeout)
         return Complete(result, usage=ctx.usage or None)
     except asyncio.CancelledError as exc:
+        if attempt.stop_reason == TIMED_OUT:
+            _timed_out(attempt)
+            return _failure(app, attempt, TimeoutError())
         task = asyncio.current_task()
         if attempt.stop_reason is None and task is not None and not task.cancelling():
             # The handler raised CancelledError itself (nobody cancelled us): a failure.
@@ -139,6 +154,15 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         return Wait(app.clock.now() + exc.after, exc.reason)
     except Exception as exc:
         return _failure(app, attempt, exc)
+
+
+def _timed_out(attempt: Attempt) -> None:
+    """Take back the cancellation a long timeout made (CoarseTimeouts), as asyncio.timeout
+    does when it turns it into TimeoutError."""
+    attempt.stop_reason = None
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:

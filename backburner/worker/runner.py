@@ -19,6 +19,7 @@ from ..webhooks.alerts import DeadLetterAlerts
 from ..webhooks.dispatcher import WebhookDispatcher
 from .attempt import CANCELLED, LEASE_LOST, SHUTDOWN, Attempt, execute
 from .sweeper import sweep_once
+from .timeouts import TIMED_OUT, CoarseTimeouts
 
 if TYPE_CHECKING:
     from ..app import Backburner
@@ -58,6 +59,8 @@ class Worker:
         self._types = sorted(app.tasks)
         self._finishing: set[asyncio.Task[None]] = set()
         """Attempts whose outcome is stored, running their hooks: they hold no slot."""
+        self.timeouts = CoarseTimeouts()
+        """Enforces the attempts' long timeouts (the default is an hour)."""
         self.dispatcher = WebhookDispatcher(app)
         """Delivers the webhook outbox while this worker runs."""
 
@@ -83,8 +86,8 @@ class Worker:
             # Its outcome is being written, fenced: the write decides, and cancelling it would
             # drop the reply (and the job it may claim for this slot).
             return False
-        if attempt.stop_reason is None:
-            attempt.stop_reason = reason
+        if attempt.stop_reason in (None, TIMED_OUT):  # (a cancel overrides a timeout, as it
+            attempt.stop_reason = reason  # does asyncio.timeout's)
         attempt.task.cancel()
         return True
 
@@ -310,7 +313,7 @@ class Worker:
         refill = None
         if not self._stopping.is_set() and len(self._finishing) < self.concurrency:
             refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
-        attempt = Attempt(job, registered=time.monotonic(), refill=refill)
+        attempt = Attempt(job, registered=time.monotonic(), refill=refill, timeouts=self.timeouts)
         attempt.on_stored = lambda stored: self._stored(key, stored, refill)
         self.running[key] = attempt
         attempt.task = asyncio.create_task(

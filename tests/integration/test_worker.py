@@ -15,6 +15,7 @@ from backburner.context import JobContext
 from backburner.errors import LeaseLostError
 from backburner.models import ErrorInfo, JobStatus
 from backburner.worker import Worker
+from backburner.worker.timeouts import CoarseTimeouts
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
 
@@ -153,6 +154,88 @@ async def test_attempt_timeout_uses_cancellation_and_retries(backend: Backend) -
     for record in done.history:
         assert record.finished_at is not None
         assert 0.15 <= record.finished_at - record.started_at < 5
+
+
+async def test_a_long_timeout_shares_a_timer_and_fails_the_attempt_as_asyncio_timeout_does(
+    backend: Backend,
+) -> None:
+    """Timeouts of at least ``min_timeout_s`` are enforced by CoarseTimeouts (one timer per
+    grain): the attempt is cancelled within a grain of its timeout and fails as a retryable
+    ``timeout``, the same error asyncio.timeout gives; a handler that swallows the cancellation
+    keeps its result; nothing stays armed."""
+    cancelling: list[int] = []
+
+    class Watcher(Hooks):
+        async def on_complete(self, job: Job) -> None:  # (in the attempt's own task)
+            task = asyncio.current_task()
+            cancelling.append(-1 if task is None else task.cancelling())
+
+    bb = Backburner(backend, settings=FAST, hooks=[Watcher()])
+    cancelled = 0
+
+    @bb.task(max_attempts=2, timeout=0.3)
+    async def stuck(ctx: JobContext) -> None:
+        nonlocal cancelled
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+
+    @bb.task(timeout=0.3)
+    async def stubborn(ctx: JobContext) -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return "kept"
+        return "slept"
+
+    async with running_worker(bb) as worker:
+        worker.timeouts = timeouts = CoarseTimeouts(grain_s=0.1, min_timeout_s=0.2)
+        job = await bb.enqueue("stuck")
+        kept = await bb.enqueue("stubborn")
+        done = await bb.wait(job.task_id, timeout=20)
+        swallowed = await bb.wait(kept.task_id, timeout=20)
+        assert timeouts.armed() == 0
+    assert done.status == JobStatus.FAILED and done.attempts == 2 and cancelled == 2
+    assert done.error is not None and (done.error.type, done.error.retryable) == ("timeout", True)
+    assert done.error.message.startswith("the attempt timed out")
+    for record in done.history:
+        assert record.finished_at is not None
+        assert 0.3 <= record.finished_at - record.started_at < 5
+    assert swallowed.status == JobStatus.COMPLETED and swallowed.result == "kept"
+    assert cancelling == [0]  # the cancellation was taken back, as asyncio.timeout does
+
+
+async def test_a_cancel_overrides_a_long_timeout_that_is_under_way(backend: Backend) -> None:
+    bb = make_app(backend)
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    @bb.task(timeout=0.3)
+    async def clings(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await release.wait()  # the timeout has cancelled it; it is still winding down
+            raise
+
+    async with running_worker(bb) as worker:
+        worker.timeouts = CoarseTimeouts(grain_s=0.1, min_timeout_s=0.2)
+        job = await bb.enqueue("clings")
+        await asyncio.wait_for(started.wait(), 20)
+        attempt = next(iter(worker.running.values()))
+        await eventually(lambda: attempt.stop_reason == "timed_out")
+        assert worker.cancel_local(job.task_id, attempt.job.fence)
+        release.set()
+        assert attempt.task is not None
+        await asyncio.wait({attempt.task}, timeout=20)
+        assert attempt.task.cancelled()
+    # Stopped as cancelled: nothing written (a timeout would have stored a retry).
+    assert attempt.stop_reason == "cancelled" and attempt.settled
+    stored = await backend.get(job.task_id)
+    assert stored is not None and stored.status == JobStatus.PROCESSING and stored.error is None
 
 
 async def test_total_deadline_stops_retrying(backend: Backend) -> None:
