@@ -139,6 +139,10 @@ def _webhook_event(outcome: Outcome) -> str:
     return ""
 
 
+_DONE = Progress(percent=100.0)
+"""A completed job's progress, unless it has a message (a constant: Progress is frozen)."""
+
+
 def _finished(
     claimed: Job, outcome: Complete | Fail, details: list[str], now: float, reply: list[Any]
 ) -> Job:
@@ -150,7 +154,9 @@ def _finished(
     percent, message = float(reply[3]), None if reply[4] is None else from_json(reply[4])
     progress = claimed.progress
     if progress.percent != percent or progress.message != message:
-        progress = Progress(percent=percent, message=message)
+        # (a Complete sets 100: made once, as Progress is immutable)
+        done = percent == 100 and message is None
+        progress = _DONE if done else Progress(percent=percent, message=message)
     update: dict[str, Any] = {
         "finished_at": now,
         "expires_at": float(reply[2]),

@@ -50,6 +50,20 @@ async def test_a_terminal_outcome_of_the_claimed_job_is_built_not_read(
     assert done.progress.message == "a third"
 
 
+async def test_a_completed_job_without_progress_of_its_own_is_built_at_100_percent(
+    engine: RedisBackend, read_back: list[bytes]
+) -> None:
+    job = await enqueue(engine)
+    claimed = await claim_one(engine, job.task_id, now=T0 + 1)
+    assert claimed.progress == Progress()
+    done = await engine.finish(
+        job.task_id, claimed.fence, Complete(None), now=T0 + 2, claimed=claimed
+    )
+    assert read_back == []
+    assert done == await engine.get(job.task_id)
+    assert done.progress == Progress(percent=100.0)
+
+
 @pytest.mark.parametrize(
     ("outcome", "claimed_as"),
     [
