@@ -110,6 +110,7 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
     policy = app.retry_policy
     definition = app.tasks[job.type]  # workers claim only the types they have
     now = app.clock.now()
+    timed_out = False
     try:
         if job.deadline_at is not None and now >= job.deadline_at:
             raise _FailNowError("deadline_exceeded", "the job's deadline passed before it ran")
@@ -133,12 +134,14 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
                 result = await definition.call(ctx, job.input)
             finally:
                 timeouts.disarm(attempt, slot)
-            if attempt.stop_reason == TIMED_OUT:  # the handler swallowed the cancellation:
-                _timed_out(attempt)  # its result stands (as with asyncio.timeout)
+                # Whatever came out (a result, the cancellation, another exception), the
+                # cancellation is taken back, as asyncio.timeout's __aexit__ does.
+                timed_out = attempt.stop_reason == TIMED_OUT
+                if timed_out:
+                    _timed_out(attempt)
         return Complete(result, usage=ctx.usage or None)
     except asyncio.CancelledError as exc:
-        if attempt.stop_reason == TIMED_OUT:
-            _timed_out(attempt)
+        if timed_out:  # the timeout's own cancellation: a TimeoutError, as asyncio.timeout's
             return _failure(app, attempt, TimeoutError())
         task = asyncio.current_task()
         if attempt.stop_reason is None and task is not None and not task.cancelling():

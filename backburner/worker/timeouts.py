@@ -26,11 +26,14 @@ class CoarseTimeouts:
         self.grain_s = grain_s
         self.min_timeout_s = min_timeout_s
         self._due: dict[int, set[Attempt]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def arm(self, attempt: Attempt, timeout: float) -> int:
         """Cancel ``attempt`` (its task, stop_reason TIMED_OUT) once ``timeout`` seconds have
         passed, unless disarmed first. Returns the slot to disarm it with."""
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (a worker run again: the old loop's timers are gone)
+            self._loop, self._due = loop, {}
         slot = math.ceil((loop.time() + timeout) / self.grain_s)
         attempts = self._due.get(slot)
         if attempts is None:

@@ -165,10 +165,13 @@ async def test_a_long_timeout_shares_a_timer_and_fails_the_attempt_as_asyncio_ti
     keeps its result; nothing stays armed."""
     cancelling: list[int] = []
 
-    class Watcher(Hooks):
-        async def on_complete(self, job: Job) -> None:  # (in the attempt's own task)
+    class Watcher(Hooks):  # (the hooks run in the attempt's own task)
+        async def on_complete(self, job: Job) -> None:
             task = asyncio.current_task()
             cancelling.append(-1 if task is None else task.cancelling())
+
+        async def on_fail(self, job: Job) -> None:
+            await self.on_complete(job)
 
     bb = Backburner(backend, settings=FAST, hooks=[Watcher()])
     cancelled = 0
@@ -190,12 +193,21 @@ async def test_a_long_timeout_shares_a_timer_and_fails_the_attempt_as_asyncio_ti
             return "kept"
         return "slept"
 
+    @bb.task(timeout=0.3, max_attempts=1)
+    async def switches(ctx: JobContext) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise LookupError("gave up") from None
+
     async with running_worker(bb) as worker:
         worker.timeouts = timeouts = CoarseTimeouts(grain_s=0.1, min_timeout_s=0.2)
         job = await bb.enqueue("stuck")
         kept = await bb.enqueue("stubborn")
+        other = await bb.enqueue("switches")
         done = await bb.wait(job.task_id, timeout=20)
         swallowed = await bb.wait(kept.task_id, timeout=20)
+        raised = await bb.wait(other.task_id, timeout=20)
         assert timeouts.armed() == 0
     assert done.status == JobStatus.FAILED and done.attempts == 2 and cancelled == 2
     assert done.error is not None and (done.error.type, done.error.retryable) == ("timeout", True)
@@ -204,7 +216,12 @@ async def test_a_long_timeout_shares_a_timer_and_fails_the_attempt_as_asyncio_ti
         assert record.finished_at is not None
         assert 0.3 <= record.finished_at - record.started_at < 5
     assert swallowed.status == JobStatus.COMPLETED and swallowed.result == "kept"
-    assert cancelling == [0]  # the cancellation was taken back, as asyncio.timeout does
+    # Another exception raised on the cancellation is the attempt's error, as it would be out
+    # of asyncio.timeout.
+    assert raised.status == JobStatus.FAILED and raised.error is not None
+    assert raised.error.type == "LookupError"
+    # Whatever came out, the cancellation was taken back, as asyncio.timeout does.
+    assert cancelling == [0, 0, 0], cancelling
 
 
 async def test_a_cancel_overrides_a_long_timeout_that_is_under_way(backend: Backend) -> None:
