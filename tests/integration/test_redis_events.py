@@ -172,3 +172,26 @@ async def _blocked(client: Redis) -> bool:
     """Whether some client of this Redis is blocked in XREAD (the backend's watcher)."""
     listing = await client.client_list()
     return any(c.get("cmd") in ("xread", "xreadgroup") for c in listing)
+
+
+async def test_a_stream_an_earlier_release_wrote_expires_with_the_job(
+    engine: RedisBackend, client: Redis
+) -> None:
+    """A process of an earlier release writes its events to the stream and leaves ``_es`` as it
+    was ('0' on a job this release enqueued): the stream still gets the job's TTL at its end,
+    and the events read back once each, in order."""
+    job = await enqueue(engine, now=T0)
+    claimed = await claim_one(engine, job.task_id, now=T0 + 1)
+    j, e = keys(engine, job.task_id)
+    # What an earlier release's append_event writes: the next seq, into the stream, no _es.
+    seq = await client.hincrby(j, "_ev", 1)
+    await client.xadd(e, {"t": "token", "d": '{"t":"a"}', "a": str(T0 + 1.5)}, id=f"{seq}-0")
+    await engine.finish(job.task_id, claimed.fence, Complete(None), now=T0 + 2)
+    assert await client.hget(j, "_es") == b"0"
+    assert 60 <= await client.ttl(e) <= await client.ttl(j)
+    assert [(ev.seq, ev.type) for ev in await engine.events(job.task_id)] == [
+        (1, "status"),
+        (2, "status"),
+        (3, "token"),
+        (4, "status"),
+    ]

@@ -51,5 +51,5 @@ redis.call('HDEL', j, 'lease_expires_at', '_tg')
 reindex(id, ty, seq, status, 'cancelled')
 leave_flight(tenant, parent_of(f[15]))
 event(id, 'status', '{"status":"cancelled"}', now, f[16]) -- (it makes the stream: '1')
-write_webhook(id, url, ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now, nil, '1'))
+write_webhook(id, url, ARGV[4], ARGV[5], now, make_terminal(id, f[9], expires, now))
 return {'ok', read_job(id)}

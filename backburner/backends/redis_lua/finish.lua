@@ -85,7 +85,7 @@ if kind == 'complete' then
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, sq, 'processing', 'completed')
   leave_flight(tenant, parent)
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at, es))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
 elseif kind == 'fail' then
   local err = ARGV[11]
   expires, percent = tonumber(now) + tonumber(ARGV[12]), f[19] or '0'
@@ -100,7 +100,7 @@ elseif kind == 'fail' then
       now)
     event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
   end
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at, es))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
 elseif kind == 'retry' then
   local err, run_at = ARGV[11], ARGV[12]
   write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2,

@@ -425,13 +425,14 @@ end
 
 -- Returns the TTL the job's keys got (its webhook messages get the same: write_webhook).
 -- expires_at: expires as num() writes it, if the caller has it.
--- es: the job's _es ('0': it has no stream to expire).
-local function make_terminal(id, ik, expires, now, expires_at, es)
+local function make_terminal(id, ik, expires, now, expires_at)
   zwrite('ZADD', EXPIRING, expires_at or num(expires), id)
   local ttl = string.format('%d', math.max(1, math.ceil(expires - tonumber(now))) + GRACE)
   redis.call('EXPIRE', jkey(id), ttl)
   redis.call('EXPIRE', skey(id), ttl)
-  if es ~= '0' then redis.call('EXPIRE', ekey(id), ttl) end
+  -- (its stream too, if it has one: even with _es '0', a process of an earlier release may
+  -- have written one)
+  redis.call('EXPIRE', ekey(id), ttl)
   if ik and ik ~= '' then redis.call('EXPIRE', P .. 'k:' .. ik, ttl) end
   return ttl
 end
