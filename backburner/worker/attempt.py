@@ -138,7 +138,10 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
                 # cancellation is taken back, as asyncio.timeout's __aexit__ does.
                 timed_out = attempt.stop_reason == TIMED_OUT
                 if timed_out:
-                    _timed_out(attempt)
+                    attempt.stop_reason = None
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
         return Complete(result, usage=ctx.usage or None)
     except asyncio.CancelledError as exc:
         if timed_out:  # the timeout's own cancellation: a TimeoutError, as asyncio.timeout's
@@ -157,15 +160,6 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         return Wait(app.clock.now() + exc.after, exc.reason)
     except Exception as exc:
         return _failure(app, attempt, exc)
-
-
-def _timed_out(attempt: Attempt) -> None:
-    """Take back the cancellation a long timeout made (CoarseTimeouts), as asyncio.timeout
-    does when it turns it into TimeoutError."""
-    attempt.stop_reason = None
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
 
 
 def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:

@@ -76,12 +76,8 @@ if kind == 'complete' then
     sets[#sets + 1] = 'usage'
     sets[#sets + 1] = ARGV[12]
   end
-  if derive then
-    write_job(sets, 'completed', nil, 1, ',"ee":' .. first)
-  else
-    write_job(sets, 'completed', nil, 1)
-    event_at(id, ev + 1, 'status', ARGV[13], now)
-  end
+  write_job(sets, 'completed', nil, 1, derive and ',"ee":' .. first or nil)
+  if not derive then event_at(id, ev + 1, 'status', ARGV[13], now) end
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, sq, 'processing', 'completed')
   leave_flight(tenant, parent)
