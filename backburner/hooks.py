@@ -7,7 +7,8 @@ raises is logged and ignored: it never changes a job's outcome.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from .models import ErrorInfo, Job
 
@@ -37,40 +38,53 @@ class Hooks:
 
 
 class HookChain:
-    """Calls several Hooks in order, isolating each one's failures."""
+    """Calls several Hooks in order, isolating each one's failures.
+
+    ``hooks`` is the list to change to add or remove one; the chain looks up which hooks have
+    their own method for each lifecycle event once, and again whenever that list changes.
+    """
 
     def __init__(self, hooks: Sequence[Hooks]) -> None:
         self.hooks = list(hooks)
+        self._seen: list[Hooks] = []
+        self._calls: dict[str, tuple[Callable[..., Awaitable[None]], ...]] = {}
 
-    async def enqueue(self, job: Job) -> None:
-        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
-            if _overrides(hook, "on_enqueue"):
-                await _call(hook.on_enqueue(job), "on_enqueue")
+    def _methods(self, name: str) -> tuple[Callable[..., Awaitable[None]], ...]:
+        """The ``name`` methods of the hooks that override it, in order (cached: every job pays
+        for this lookup several times)."""
+        if self.hooks != self._seen:
+            self._seen = list(self.hooks)
+            self._calls = {}
+        calls = self._calls.get(name)
+        if calls is None:
+            calls = tuple(getattr(h, name) for h in self._seen if _overrides(h, name))
+            self._calls[name] = calls
+        return calls
 
-    async def start(self, job: Job) -> None:
-        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
-            if _overrides(hook, "on_start"):
-                await _call(hook.on_start(job), "on_start")
+    def enqueue(self, job: Job) -> Coroutine[Any, Any, None]:
+        return self._emit("on_enqueue", job)
 
-    async def retry(self, job: Job, error: ErrorInfo) -> None:
-        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
-            if _overrides(hook, "on_retry"):
-                await _call(hook.on_retry(job, error), "on_retry")
+    def start(self, job: Job) -> Coroutine[Any, Any, None]:
+        return self._emit("on_start", job)
 
-    async def complete(self, job: Job) -> None:
-        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
-            if _overrides(hook, "on_complete"):
-                await _call(hook.on_complete(job), "on_complete")
+    def retry(self, job: Job, error: ErrorInfo) -> Coroutine[Any, Any, None]:
+        return self._emit("on_retry", job, error)
 
-    async def fail(self, job: Job) -> None:
-        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
-            if _overrides(hook, "on_fail"):
-                await _call(hook.on_fail(job), "on_fail")
+    def complete(self, job: Job) -> Coroutine[Any, Any, None]:
+        return self._emit("on_complete", job)
 
-    async def cancel(self, job: Job) -> None:
-        for hook in tuple(self.hooks):  # a hook may be removed while this one awaits
-            if _overrides(hook, "on_cancel"):
-                await _call(hook.on_cancel(job), "on_cancel")
+    def fail(self, job: Job) -> Coroutine[Any, Any, None]:
+        return self._emit("on_fail", job)
+
+    def cancel(self, job: Job) -> Coroutine[Any, Any, None]:
+        return self._emit("on_cancel", job)
+
+    async def _emit(self, name: str, *args: Any) -> None:
+        for call in self._methods(name):
+            try:
+                await call(*args)
+            except Exception:
+                log.exception("hook %s raised; ignored", name)
 
 
 def _overrides(hook: Hooks, name: str) -> bool:
@@ -80,10 +94,3 @@ def _overrides(hook: Hooks, name: str) -> bool:
     if method is None:
         return False
     return getattr(method, "__func__", method) is not getattr(Hooks, name)
-
-
-async def _call(call: Awaitable[None], name: str) -> None:
-    try:
-        await call
-    except Exception:
-        log.exception("hook %s raised; ignored", name)

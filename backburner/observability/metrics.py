@@ -9,12 +9,13 @@ process; aggregate the counters with ``sum()`` and the gauges with ``max()``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from ..hooks import Hooks
 from ..models import ErrorInfo, Job, JobStatus
+from .series import CounterFamily, Families, GaugeFamily, HistogramFamily
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -35,31 +36,20 @@ def model_of(job: Job) -> str:
     return ""
 
 
-class _Children:
-    """A metric's labelled children, kept in a plain dict: ``labels()`` validates and locks
-    on every call, and the hooks below run for every job."""
-
-    __slots__ = ("_children", "_metric")
-
-    def __init__(self, metric: Any) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._metric.labels(*values)
-        return child
-
-
 class Metrics:
     """Every metric backburner exports, on its own registry."""
 
     def __init__(self) -> None:
-        self.registry = registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        families = Families()
 
-        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
-            return Counter(name, doc, labels, registry=registry)
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> CounterFamily:
+            return families.add(CounterFamily(name, doc, labels))
+
+        def histogram(
+            name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+        ) -> HistogramFamily:
+            return families.add(HistogramFamily(name, doc, labels, buckets=buckets))
 
         self.submitted = counter("backburner_tasks_submitted_total", "Jobs enqueued.", ("type",))
         self.started = counter("backburner_tasks_started_total", "Attempts started.", ("type",))
@@ -77,19 +67,17 @@ class Metrics:
             ("type", "error_type"),
         )
         self.cancelled = counter("backburner_tasks_cancelled_total", "Jobs cancelled.", ("type",))
-        self.duration = Histogram(
+        self.duration = histogram(
             "backburner_task_duration_seconds",
             "Run time of the attempt that ended the job (start to end).",
             ("type", "model", "outcome"),
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            DURATION_BUCKETS,
         )
-        self.queue_latency = Histogram(
+        self.queue_latency = histogram(
             "backburner_task_queue_latency_seconds",
             "From when a job was due (enqueued, or its delay over) to the start of its attempt.",
             ("type",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
         self.input_tokens = counter(
             "backburner_llm_input_tokens_total", "Prompt tokens of completed jobs.", ("model",)
@@ -100,12 +88,11 @@ class Metrics:
         self.cost = counter(
             "backburner_llm_cost_usd_total", "Cost of completed jobs (priced models).", ("model",)
         )
-        self.first_token = Histogram(
+        self.first_token = histogram(
             "backburner_llm_time_to_first_token_seconds",
             "Time to the first token of a job's last model call.",
             ("model",),
-            buckets=TTFT_BUCKETS,
-            registry=registry,
+            TTFT_BUCKETS,
         )
         self.webhook_deliveries = counter(
             "backburner_webhook_deliveries_total",
@@ -114,15 +101,15 @@ class Metrics:
         )
         for outcome in ("delivered", "retry", "failed"):  # so rate() sees the first one
             self.webhook_deliveries.labels(outcome)
-        self.webhook_latency = Histogram(
+        self.webhook_latency = histogram(
             "backburner_webhook_delivery_seconds",
             "Duration of one webhook attempt.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            (),
+            LATENCY_BUCKETS,
         )
 
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(name, doc, labels, registry=registry)
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeFamily:
+            return families.add(GaugeFamily(name, doc, labels))
 
         self.jobs = gauge("backburner_jobs", "Stored jobs by status.", ("status",))
         self.queue_depth = gauge(
@@ -138,6 +125,9 @@ class Metrics:
         self.webhook_messages = gauge(
             "backburner_webhook_messages", "Webhook messages by status.", ("status",)
         )
+        self.families = families.families
+        """Every metric above, in the order they are exported."""
+        families.register(self.registry)
 
     def hook(self) -> Hooks:
         """The lifecycle hook that feeds the counters and histograms."""
@@ -166,19 +156,18 @@ class Metrics:
 
 class _MetricsHook(Hooks):
     def __init__(self, m: Metrics) -> None:
-        self.m = m
-        self.submitted = _Children(m.submitted)
-        self.started = _Children(m.started)
-        self.queue_latency = _Children(m.queue_latency)
-        self.retries = _Children(m.retries)
-        self.completed = _Children(m.completed)
-        self.failed = _Children(m.failed)
-        self.cancelled = _Children(m.cancelled)
-        self.duration = _Children(m.duration)
-        self.input_tokens = _Children(m.input_tokens)
-        self.output_tokens = _Children(m.output_tokens)
-        self.cost = _Children(m.cost)
-        self.first_token = _Children(m.first_token)
+        self.submitted = m.submitted.labels
+        self.started = m.started.labels
+        self.queue_latency = m.queue_latency.labels
+        self.retries = m.retries.labels
+        self.completed = m.completed.labels
+        self.failed = m.failed.labels
+        self.cancelled = m.cancelled.labels
+        self.duration = m.duration.labels
+        self.input_tokens = m.input_tokens.labels
+        self.output_tokens = m.output_tokens.labels
+        self.cost = m.cost.labels
+        self.first_token = m.first_token.labels
 
     async def on_enqueue(self, job: Job) -> None:
         self.submitted(job.type).inc()

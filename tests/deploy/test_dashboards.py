@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.metrics import MetricWrapperBase
 
 from backburner.observability.metrics import Metrics
 
@@ -85,13 +84,8 @@ def exported() -> dict[str, Sample]:
     """Every sample name the service exports, from a fresh ``Metrics`` registry."""
     metrics = Metrics()
     families = {family.name: family.type for family in metrics.registry.collect()}
-    labels: dict[str, frozenset[str]] = {}
-    for wrapper in vars(metrics).values():
-        if isinstance(wrapper, MetricWrapperBase):
-            (description,) = wrapper.describe()
-            # prometheus_client keeps a metric's label names only in this attribute.
-            labels[description.name] = frozenset(wrapper._labelnames)
-    assert labels.keys() == families.keys(), "a metric of the registry is not an attribute"
+    labels = {family.name: frozenset(family.labelnames) for family in metrics.families}
+    assert labels.keys() == families.keys(), "the registry exports a metric Metrics does not name"
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",)}
     suffixes["histogram"] = ("_bucket", "_count", "_sum", "_created")
     samples: dict[str, Sample] = {}
