@@ -156,59 +156,50 @@ class Metrics:
 
 class _MetricsHook(Hooks):
     def __init__(self, m: Metrics) -> None:
-        self.submitted = m.submitted.labels
-        self.started = m.started.labels
-        self.queue_latency = m.queue_latency.labels
-        self.retries = m.retries.labels
-        self.completed = m.completed.labels
-        self.failed = m.failed.labels
-        self.cancelled = m.cancelled.labels
-        self.duration = m.duration.labels
-        self.input_tokens = m.input_tokens.labels
-        self.output_tokens = m.output_tokens.labels
-        self.cost = m.cost.labels
-        self.first_token = m.first_token.labels
+        self.m = m
 
     async def on_enqueue(self, job: Job) -> None:
-        self.submitted(job.type).inc()
+        self.m.submitted.labels(job.type).inc()
 
     async def on_start(self, job: Job) -> None:
-        self.started(job.type).inc()
+        self.m.started.labels(job.type).inc()
         if job.started_at is not None:
             due = max(job.created_at, job.run_at)
-            self.queue_latency(job.type).observe(max(0.0, job.started_at - due))
+            self.m.queue_latency.labels(job.type).observe(max(0.0, job.started_at - due))
 
     async def on_retry(self, job: Job, error: ErrorInfo) -> None:
-        self.retries(job.type, error.type).inc()
+        self.m.retries.labels(job.type, error.type).inc()
 
     async def on_complete(self, job: Job) -> None:
         model = model_of(job)
-        self.completed(job.type, model).inc()
+        self.m.completed.labels(job.type, model).inc()
         self._duration(job, model, "completed")
         usage = job.usage
         if usage is None:
             return
         if model or usage.input_tokens or usage.output_tokens:
-            self.input_tokens(model).inc(usage.input_tokens)
-            self.output_tokens(model).inc(usage.output_tokens)
+            self.m.input_tokens.labels(model).inc(usage.input_tokens)
+            self.m.output_tokens.labels(model).inc(usage.output_tokens)
         extra = usage.model_extra or {}
         cost = extra.get("cost_usd")
         if isinstance(cost, int | float) and cost > 0:
-            self.cost(model).inc(cost)
+            self.m.cost.labels(model).inc(cost)
         ttft = extra.get("time_to_first_token_s")
         if isinstance(ttft, int | float):
-            self.first_token(model).observe(ttft)
+            self.m.first_token.labels(model).observe(ttft)
 
     async def on_fail(self, job: Job) -> None:
         error_type = job.error.type if job.error is not None else "unknown"
-        self.failed(job.type, error_type).inc()
+        self.m.failed.labels(job.type, error_type).inc()
         self._duration(job, model_of(job), "failed")
 
     async def on_cancel(self, job: Job) -> None:
-        self.cancelled(job.type).inc()
+        self.m.cancelled.labels(job.type).inc()
 
     def _duration(self, job: Job, model: str, outcome: str) -> None:
         if job.finished_at is None or not job.history:
             return
         started = job.history[-1].started_at
-        self.duration(job.type, model, outcome).observe(max(0.0, job.finished_at - started))
+        self.m.duration.labels(job.type, model, outcome).observe(
+            max(0.0, job.finished_at - started)
+        )
