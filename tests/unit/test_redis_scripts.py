@@ -1,12 +1,20 @@
-"""Each Redis script carries only the prelude statements it uses, and still loads and runs."""
+"""Each Redis script carries only the prelude statements it uses, and still loads and runs; a
+job's document reads every field the hash may hold."""
 
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
+from backburner.backends import redis_codec
+from backburner.backends.base import NewJob
 from backburner.backends.redis import _SCRIPTS
 from backburner.backends.redis_scripts import load_script, trim_prelude
+from backburner.models import Job
 
 from ..conftest import REDIS_TEST_URL, require_redis
 
@@ -59,3 +67,38 @@ async def test_every_script_compiles_on_redis() -> None:
             assert await client.script_load(script.source) == script.sha, name
     finally:
         await client.aclose()
+
+
+def test_a_job_document_reads_every_job_field_the_spec_does_not_hold() -> None:
+    # read_job and a claim read the hash by a fixed list (DOC_FIELDS in prelude.lua), so a
+    # Job field added later must be either written into the spec or added to that list.
+    prelude = (Path(redis_codec.__file__).parent / "redis_lua" / "prelude.lua").read_text()
+    listed = re.search(r"local DOC_FIELDS = \{(.*?)\}", prelude, re.S)
+    assert listed is not None
+    names = re.findall(r"'([a-z_]+)'", listed.group(1))
+    job = NewJob(
+        task_id="t",
+        type="x",
+        input={},
+        fingerprint="f",
+        created_at=1.0,
+        run_at=1.0,
+        timeout_s=5.0,
+        idempotency_key="k",
+        traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+    )
+    spec = json.loads("{" + redis_codec.new_job_spec(job, "{}", "{}", "1.0", "60.0") + "}")
+    made_elsewhere = {"progress", "history", "estimated_time_sec", "estimated_remaining_sec"}
+    job_fields = [name for name in names if not name.startswith("_")]
+    assert len(job_fields) == len(set(job_fields))
+    assert set(job_fields) == set(Job.model_fields) - spec.keys() - made_elsewhere
+    assert names[len(job_fields) :] == ["_pp", "_pm", "_hist", "_cur"]
+    # (the first six are what a claim writes and does not read back: claim_jobs)
+    assert names[:6] == [
+        "status",
+        "attempts",
+        "fence",
+        "worker_id",
+        "lease_expires_at",
+        "started_at",
+    ]

@@ -17,8 +17,13 @@ local f = redis.call('HMGET', j, 'status', 'fence', 'lease_expires_at', '_cur', 
   'attempts', '_ttl', '_ik', 'priority', '_pq', 'webhook_url', 'tenant', '_fc', '_tg',
   'parent_id', '_hist', '_ev', '_pp', '_pm', '_es')
 if f[1] ~= '"processing"' or f[2] ~= fence then return {'lost'} end
-local lease_end = tonumber(f[3]) -- none: it cannot be running on a lease any more
-if ARGV[5] == '1' and lease_end and lease_end > tonumber(now) then return {'lost'} end
+-- (Numbers are read from text only where they are used: tonumber of a timestamp runs strtod
+-- twice, a tenth of a finish's instructions went to it.)
+local now_n = tonumber(now)
+if ARGV[5] == '1' then
+  local lease_end = tonumber(f[3]) -- none: it cannot be running on a lease any more
+  if lease_end and lease_end > now_n then return {'lost'} end
+end
 
 -- Everything is read and checked before the first write, so no input makes the script fail
 -- half-way (a job queued in no queue, a count off by one).
@@ -31,7 +36,7 @@ local ty, sq, _, priority, pq, tenant, cost = job_line(id, f[5], f[6], f[10], f[
 if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
 local cur, ik = f[4], f[9]
 local parent = parent_of(f[16]) -- a child counts as open until it is terminal
-local attempts = tonumber(f[7]) or 0
+local attempts = kind ~= 'complete' and (tonumber(f[7]) or 0) or 0
 local url = f[12] -- nil for a job of the previous release: its spec holds it
 -- No message id: the caller saw the job has no webhook_url (its claim read spec and hash).
 if not url and msg ~= '' and (kind == 'complete' or kind == 'fail') then
@@ -39,7 +44,7 @@ if not url and msg ~= '' and (kind == 'complete' or kind == 'fail') then
 end
 local ttl = 0
 if kind == 'complete' then ttl = job_ttl(id, f[8]) end
-local tag = tonumber(f[15]) -- a Release puts the job back at its place in its line
+local tag = kind == 'release' and tonumber(f[15]) -- a Release puts the job back in its place
 if kind == 'release' and not tag then -- none kept: at the front, at its queue's clock
   tag = tonumber(redis.call('HGET', fkey(ty), pq)) or 0
 end
@@ -68,7 +73,7 @@ end
 local expires, expires_at, percent
 zwrite('ZREM', LEASES, id)
 if kind == 'complete' then
-  expires, percent = tonumber(now) + ttl, '100'
+  expires, percent = now_n + ttl, '100'
   expires_at = num(expires)
   local sets = {'status', '"completed"', 'result', ARGV[11], 'finished_at', now,
     'expires_at', expires_at, '_pp', percent}
@@ -81,10 +86,10 @@ if kind == 'complete' then
   redis.call('HDEL', j, 'error', 'lease_expires_at', '_tg', '_cur')
   reindex(id, ty, sq, 'processing', 'completed')
   leave_flight(tenant, parent)
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now_n, expires_at))
 elseif kind == 'fail' then
   local err = ARGV[11]
-  expires, percent = tonumber(now) + tonumber(ARGV[12]), f[19] or '0'
+  expires, percent = now_n + tonumber(ARGV[12]), f[19] or '0'
   expires_at = num(expires)
   write_job({'status', '"failed"', 'error', err, 'finished_at', now, 'expires_at', expires_at},
     'failed', err, 2, derive and ',"ee":' .. first or nil)
@@ -96,7 +101,7 @@ elseif kind == 'fail' then
       now)
     event_at(id, ev + 2, 'status', '{"status":"failed","error":' .. err .. '}', now)
   end
-  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now, expires_at))
+  write_webhook(id, url, msg, hook, now, make_terminal(id, ik, expires, now_n, expires_at))
 elseif kind == 'retry' then
   local err, run_at = ARGV[11], ARGV[12]
   write_job({'status', '"queued"', 'error', err, 'run_at', run_at}, 'retry', err, 2,
