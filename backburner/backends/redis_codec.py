@@ -69,8 +69,9 @@ def new_job_spec(
 def new_job_fields(job: NewJob, run_at: str, ttl_s: str) -> list[str]:
     """The mutable hash fields of a new queued job, as field, value pairs, but for those
     enqueue.lua writes from its other arguments or as constants (status, priority, attempts,
-    fence, _ty, _pq, _pp, tenant, _fc): a producer sending many jobs at once spends a tenth of
-    its time packing arguments. ``run_at`` and ``ttl_s`` as ``number`` makes them."""
+    fence, _ty, _pq, tenant, _fc, and _fp, the fingerprint, which only a job with an
+    idempotency key has): a producer sending many jobs at once spends a tenth of its time
+    packing arguments. ``run_at`` and ``ttl_s`` as ``number`` makes them."""
     fields = ["run_at", run_at, "max_attempts", str(job.max_attempts), "_ttl", ttl_s]
     if job.deadline_at is not None:
         fields += ["deadline_at", number(job.deadline_at), "_dl"]

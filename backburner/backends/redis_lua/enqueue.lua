@@ -51,9 +51,15 @@ if not delayed then
   fields[#fields + 1] = '_tg'
   fields[#fields + 1] = string.format('%d', tag)
 end
-redis.call('HSET', j, '_sq', sq, '_fp', fp, '_ev', '1', '_es', '0', '_ca', ARGV[11],
+-- Only a job with an idempotency key has a fingerprint to match (_fp), and progress 0 is what
+-- an absent _pp reads as: every field fewer costs each of the job's later writes and reads.
+if ik ~= '' then
+  fields[#fields + 1] = '_fp'
+  fields[#fields + 1] = fp
+end
+redis.call('HSET', j, '_sq', sq, '_ev', '1', '_es', '0', '_ca', ARGV[11],
   'status', '"queued"', 'priority', ARGV[12], 'attempts', '0', 'fence', '0', '_ty', ty,
-  '_pq', ARGV[8], '_pp', '0', 'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
+  '_pq', ARGV[8], 'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end
