@@ -32,6 +32,7 @@ from pathlib import Path
 
 import redis
 from own_redis import own_redis, server_argv  # (bench/own_redis.py, beside this file)
+from peers.common import in_flight
 
 from backburner import Backburner, JobContext
 
@@ -57,16 +58,8 @@ bb = make_app(os.environ.get(URL_ENV, "redis://127.0.0.1:6392/0"))
 async def _enqueue(url: str, count: int) -> None:
     app = make_app(url)
     await app.connect()
-    left = count
-
-    async def lane() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await app.enqueue("noop")
-
     try:
-        await asyncio.gather(*(lane() for _ in range(200)))
+        await in_flight(lambda: app.enqueue("noop"), count, 200)
     finally:
         await app.close()
 

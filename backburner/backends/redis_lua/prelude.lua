@@ -187,7 +187,9 @@ local function read_job(id, claimed)
   else
     v = redis.call('HMGET', j, unpack(DOC_FIELDS, 1, n + 4))
   end
-  local o = first - 1 -- v[i - o] is field i
+  -- v[i - o] is field i. (Copying the read values after the claimed ones, for one plain loop,
+  -- made a claim 5% dearer in counted instructions: the table grows and rehashes.)
+  local o = first - 1
   for i = first, n do
     local value = v[i - o]
     if value then parts[#parts + 1] = ',"' .. DOC_FIELDS[i] .. '":' .. value end
