@@ -11,7 +11,14 @@ its own redis-server under valgrind's callgrind on a port of its own (6391 by de
   claim    all of them, 25 a call
   finish   all of them (Complete), in gathers of 33: the first of each alone, the rest one
            finish_many
-after a warm-up of 33 jobs through all three (scripts loaded). ``callgrind_control`` zeroes the
+  handoff  one enqueue at a time into an idle worker's hand (--handoff-jobs of them, 50 by
+           default): the worker registers idle (wait_for_jobs), then the counts are zeroed,
+           the job enqueued and handed to it, and the counts dumped (the registration and the
+           job's finish are not counted: only what the enqueue that finds a worker costs)
+  single   --handoff-jobs enqueues one at a time, each awaited before the next (as a producer
+           that enqueues from a request handler sends them), with no worker waiting
+after a warm-up of 33 jobs through the first three and of 3 through the hand-off (scripts
+loaded). ``callgrind_control`` zeroes the
 counts before a phase and dumps them after it. Needs valgrind (Debian: ``apt install
 valgrind``). Prints instructions per job for each phase and writes
 bench/results/redis-instructions.json. A Redis built with symbols (``--redis-server``) makes
@@ -30,7 +37,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import redis.asyncio as aioredis
 from own_redis import own_redis, server_argv  # (bench/own_redis.py, beside this file)
 
 from backburner.backends.base import Complete, NewJob, fingerprint, new_task_id
@@ -39,7 +48,7 @@ from backburner.models import Job
 from backburner.worker.runner import default_worker_id
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("enqueue", "claim", "finish")
+PHASES = ("enqueue", "claim", "finish", "handoff", "single")
 WARM_UP = 33
 
 
@@ -59,7 +68,52 @@ def _control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
 
 
-async def _run_phases(port: int, jobs: int) -> None:
+async def _registered(client: aioredis.Redis, worker: str, waiting: asyncio.Task[Any]) -> bool:
+    """Whether the worker's wait registered it as idle (False: the wait ended first, as the
+    first does, before the worker's hand-off channel is subscribed)."""
+    deadline = time.monotonic() + 60
+    while not await client.hexists("{bench}:idlew", worker):
+        if waiting.done():
+            return False
+        if time.monotonic() > deadline:
+            raise RuntimeError("the worker never registered as idle")
+        await asyncio.sleep(0.005)
+    return True
+
+
+async def _handed_one(backend: RedisBackend, port: int, worker: str, count: bool) -> None:
+    """One job enqueued while the worker waits idle, handed to it; counted if count."""
+    handed: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+    client = aioredis.Redis(port=port)
+    try:
+        while True:
+            waiting = asyncio.create_task(
+                backend.wait_for_jobs(
+                    now=time.time(),
+                    timeout=2,
+                    types=["noop"],
+                    worker_id=worker,
+                    lease_s=600,
+                    on_handed=handed.set_result,
+                )
+            )
+            if await _registered(client, worker, waiting):
+                break
+            await waiting
+    finally:
+        await client.aclose()
+    if count:
+        _control("-z")
+    await backend.enqueue(_job(time.time()))
+    job = await asyncio.wait_for(handed, 30)
+    if count:
+        _control("-d", "handoff")
+    await waiting
+    await backend.finish(job.task_id, job.fence, Complete(None), now=time.time(), claimed=job)
+    await backend.stop_waiting(worker)
+
+
+async def _run_phases(port: int, jobs: int, handoffs: int) -> None:
     """The workload, with the counts zeroed before each phase and dumped after it."""
     backend = RedisBackend(f"redis://127.0.0.1:{port}/0", prefix="bench")
     await backend.connect()
@@ -94,33 +148,48 @@ async def _run_phases(port: int, jobs: int) -> None:
         _control("-d", "claim")
         await finish_all(held)
         _control("-d", "finish")
+        for _ in range(3):
+            await _handed_one(backend, port, worker, count=False)
+        for _ in range(handoffs):
+            await _handed_one(backend, port, worker, count=True)
+        _control("-z")
+        for _ in range(handoffs):
+            await backend.enqueue(_job(now))
+        _control("-d", "single")
     finally:
         await backend.close()
 
 
 def _dumped(directory: Path) -> dict[str, int]:
-    """Instructions of each phase, from the dumps callgrind_control -d wrote."""
+    """Instructions of each phase, from the dumps callgrind_control -d wrote (summed over a
+    phase's dumps: the hand-off makes one per job)."""
     counts: dict[str, int] = {}
     for dump in sorted(directory.glob("callgrind.out.*.*")):
         text = dump.read_text(errors="replace")
         trigger = re.search(r"^desc: Trigger: dump (\w+)", text, re.MULTILINE)
         total = re.search(r"^summary: (\d+)", text, re.MULTILINE)
         if trigger and total and trigger.group(1) in PHASES:
-            counts[trigger.group(1)] = int(total.group(1))
+            phase = trigger.group(1)
+            counts[phase] = counts.get(phase, 0) + int(total.group(1))
     return counts
 
 
-def measure(server: str, port: int, jobs: int, keep: Path | None) -> dict[str, object]:
+def measure(
+    server: str, port: int, jobs: int, handoffs: int, keep: Path | None
+) -> dict[str, object]:
     directory = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
     argv = [
         "valgrind",
         "--tool=callgrind",
         f"--callgrind-out-file={directory}/callgrind.out.%p",
-        *server_argv(server, port),
+        # hz 1: Redis's timer (serverCron, ~100,000 instructions a tick) runs once a second,
+        # not ten times: at 10 it was an eighth of a hand-off's count, by the wall time the
+        # count ran, not by what the job cost.
+        *server_argv(server, port, "--hz", "1"),
     ]
     with own_redis(argv, port) as client:
         version = str(client.info("server")["redis_version"])
-        asyncio.run(_run_phases(port, jobs))
+        asyncio.run(_run_phases(port, jobs, handoffs))
     counts = _dumped(directory)
     if keep is not None:
         shutil.copytree(directory, keep, dirs_exist_ok=True)
@@ -130,13 +199,20 @@ def measure(server: str, port: int, jobs: int, keep: Path | None) -> dict[str, o
     return {
         "redis_version": version,
         "jobs": jobs,
-        "instructions_per_job": {phase: round(counts[phase] / jobs) for phase in PHASES},
+        "handoff_jobs": handoffs,
+        "instructions_per_job": {
+            phase: round(counts[phase] / (handoffs if phase in ("handoff", "single") else jobs))
+            for phase in PHASES
+        },
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--jobs", type=int, default=990, help="jobs per phase (990)")
+    parser.add_argument(
+        "--handoff-jobs", type=int, default=50, help="jobs handed off, and enqueued alone (50)"
+    )
     parser.add_argument("--redis-server", default="redis-server", help="the binary to count")
     parser.add_argument("--port", type=int, default=6391, help="its port (6391; never 6379)")
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps to this directory")
@@ -147,11 +223,14 @@ def main() -> None:
     for tool in ("valgrind", "callgrind_control", args.redis_server):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found (valgrind: apt install valgrind)")
-    result = measure(args.redis_server, args.port, args.jobs, args.keep)
+    result = measure(args.redis_server, args.port, args.jobs, args.handoff_jobs, args.keep)
     result["date"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     per_job = result["instructions_per_job"]
     assert isinstance(per_job, dict)
-    print(f"Redis {result['redis_version']}, {args.jobs} jobs: instructions per job")
+    print(
+        f"Redis {result['redis_version']}, {args.jobs} jobs"
+        f" ({args.handoff_jobs} handed off): instructions per job"
+    )
     for phase in PHASES:
         print(f"  {phase:8} {per_job[phase]:>10,}")
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
