@@ -18,11 +18,11 @@ its own redis-server under valgrind's callgrind on a port of its own (6391 by de
   single   --handoff-jobs enqueues one at a time, each awaited before the next (as a producer
            that enqueues from a request handler sends them), with no worker waiting
 after a warm-up of 33 jobs through the first three and of 3 through the hand-off (scripts
-loaded). ``callgrind_control`` zeroes the
-counts before a phase and dumps them after it. Needs valgrind (Debian: ``apt install
-valgrind``). Prints instructions per job for each phase and writes
-bench/results/redis-instructions.json. A Redis built with symbols (``--redis-server``) makes
-the dumps readable by ``callgrind_annotate`` (kept with ``--keep``) for where they go.
+loaded). ``callgrind_control`` zeroes the counts before a phase and dumps them after it.
+Needs valgrind (Debian: ``apt install valgrind``). Prints instructions per job for each phase
+and writes bench/results/redis-instructions.json. A Redis built with symbols
+(``--redis-server``) makes the dumps readable by ``callgrind_annotate`` (kept with ``--keep``)
+for where they go.
 """
 
 from __future__ import annotations
@@ -81,27 +81,25 @@ async def _registered(client: aioredis.Redis, worker: str, waiting: asyncio.Task
     return True
 
 
-async def _handed_one(backend: RedisBackend, port: int, worker: str, count: bool) -> None:
+async def _handed_one(
+    backend: RedisBackend, client: aioredis.Redis, worker: str, count: bool
+) -> None:
     """One job enqueued while the worker waits idle, handed to it; counted if count."""
     handed: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
-    client = aioredis.Redis(port=port)
-    try:
-        while True:
-            waiting = asyncio.create_task(
-                backend.wait_for_jobs(
-                    now=time.time(),
-                    timeout=2,
-                    types=["noop"],
-                    worker_id=worker,
-                    lease_s=600,
-                    on_handed=handed.set_result,
-                )
+    while True:
+        waiting = asyncio.create_task(
+            backend.wait_for_jobs(
+                now=time.time(),
+                timeout=2,
+                types=["noop"],
+                worker_id=worker,
+                lease_s=600,
+                on_handed=handed.set_result,
             )
-            if await _registered(client, worker, waiting):
-                break
-            await waiting
-    finally:
-        await client.aclose()
+        )
+        if await _registered(client, worker, waiting):
+            break
+        await waiting
     if count:
         _control("-z")
     await backend.enqueue(_job(time.time()))
@@ -148,10 +146,14 @@ async def _run_phases(port: int, jobs: int, handoffs: int) -> None:
         _control("-d", "claim")
         await finish_all(held)
         _control("-d", "finish")
-        for _ in range(3):
-            await _handed_one(backend, port, worker, count=False)
-        for _ in range(handoffs):
-            await _handed_one(backend, port, worker, count=True)
+        client = aioredis.Redis(port=port)  # (to see the worker's registration)
+        try:
+            for _ in range(3):
+                await _handed_one(backend, client, worker, count=False)
+            for _ in range(handoffs):
+                await _handed_one(backend, client, worker, count=True)
+        finally:
+            await client.aclose()
         _control("-z")
         for _ in range(handoffs):
             await backend.enqueue(_job(now))
