@@ -68,7 +68,7 @@ def _wait_completed(
     client: redis.Redis, count: int, worker: subprocess.Popen[bytes], log: Path
 ) -> None:
     deadline = time.monotonic() + 600
-    while int(client.zcard("{bb}:i:s:completed")) < count:
+    while int(client.zcard("{bb}:i:st:completed:noop")) < count:
         if worker.poll() is not None:
             raise SystemExit(f"the worker exited: {log.read_text()[-2000:]}")
         if time.monotonic() > deadline:

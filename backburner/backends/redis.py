@@ -252,7 +252,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 *(self._link.call("SCRIPT", "LOAD", s.source) for s in self._scripts.values()),
             )
             if not check_layout(layout, where):
-                # A new store, or one of the layout before tenants: returns once up to date.
+                # A new store, or one of an earlier layout: returns once up to date.
                 await upgrade_layout(self._link, self._p, where=where, batch=self.upgrade_batch)
         except BackendError as exc:
             await self.close()

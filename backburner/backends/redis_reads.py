@@ -2,12 +2,13 @@
 events, the queue's stats, a tenant's count of jobs in flight and the jobs whose leases ended.
 
 A job is read by ``read_jobs``, which joins its hash and spec into one JSON document per job
-(``read_job`` in redis_lua/prelude.lua). A listing walks one of the indexes, sorted sets scored
-by enqueue order (``i:all``, ``i:s:<status>``, ``i:t:<type>``, ``i:st:<status>:<type>``,
-``i:n:<tenant>``, ``i:p:<parent id>``: docs/redis.md, "Keys"), newest first; there is no index
-per tenant or parent and status or type, so a listing by several of them is one script
-(``list_jobs``) that walks the smallest of their indexes and keeps the ids all the others hold
-(a parent's index is bounded by its pipeline, so a listing by parent never walks far).
+(``read_job`` in redis_lua/prelude.lua). A listing walks the indexes, sorted sets scored by
+enqueue order (``i:all``, ``i:st:<status>:<type>``, ``i:n:<tenant>``, ``i:p:<parent id>``:
+docs/redis.md, "Keys"), newest first. A listing of everything, of a tenant's or a parent's
+jobs, or of one status and type reads its one index; any other is one script (``list_jobs``):
+a status alone merges its index of every type, a type alone its index of every status, and a
+listing by several of these walks the smallest and keeps the ids all the others hold (a
+parent's index is bounded by its pipeline, so a listing by parent never walks far).
 """
 
 from __future__ import annotations
@@ -83,26 +84,26 @@ class RedisReads:
         below = parse_cursor(cursor)
         if limit <= 0:
             return Page([], None)
+        # Each group is one index or a union of them (list_jobs.lua): a status and a type have
+        # an index together; a status alone is its index of every type, a type alone its
+        # index of every status.
         if status is not None and type is not None:
-            index = f"i:st:{status}:{type}"
+            groups = [f"=i:st:{status}:{type}"]
         elif status is not None:
-            index = f"i:s:{status}"
+            groups = [f"s{status}"]
         elif type is not None:
-            index = f"i:t:{type}"
+            groups = [f"t{type}"]
         else:
-            index = "i:all"
-        top = "+inf" if below is None else f"({below}"
-        indexes = [index] if index != "i:all" else []
+            groups = []
         if tenant is not None:
-            indexes.append(f"i:n:{tenant}")
+            groups.append(f"=i:n:{tenant}")
         if parent_id is not None:
-            indexes.append(f"i:p:{parent_id}")
-        if len(indexes) > 1:
-            # No index per tenant or parent and status or type: walk the smallest of them.
-            found = await self._run("list_jobs", top, limit, _LIST_SCAN_BUDGET, *indexes)
+            groups.append(f"=i:p:{parent_id}")
+        top = "+inf" if below is None else f"({below}"
+        if len(groups) > 1 or (groups and not groups[0].startswith("=")):
+            found = await self._run("list_jobs", top, limit, _LIST_SCAN_BUDGET, *groups)
             return Page(decode_jobs(found[1:]), text(found[0]) or None)
-        if indexes:
-            index = indexes[0]
+        index = groups[0][1:] if groups else "i:all"
         found = await self._read(
             "ZREVRANGEBYSCORE",
             self._p + index,

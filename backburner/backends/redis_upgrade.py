@@ -1,9 +1,12 @@
 """Bring a Redis store written by an earlier release up to this release's key layout, in place.
 
 ``RedisBackend.connect`` reads one key, ``{bb}:layout``, in the same pipeline as its script
-loads; when it holds ``LAYOUT_VERSION`` there is nothing to do. Otherwise the store is new (no
-jobs) or of the layout before tenants (version 1, which recorded no version), and connect runs
-``upgrade_layout``: batches of ``redis_lua/upgrade.lua``, each one script, so atomic, each
+loads; when it holds ``LAYOUT_VERSION`` there is nothing to do. A store of layout 2 (before
+jobs kept one listing index by status and type rather than three) takes one step, one script:
+it drops the indexes by status and by type alone, which this layout makes from the one left.
+Otherwise the store is new (no jobs) or of the layout before tenants (version 1, which
+recorded no version), and connect runs ``upgrade_layout``: batches of
+``redis_lua/upgrade.lua``, each one script, so atomic, each
 converting a few hundred jobs whole and recording how far it got, until a batch records the
 version. A new store takes one batch that finds nothing and records it. A store of the first
 tenants release (commit 8319ca4, which recorded no version either) has jobs of this layout,
@@ -33,8 +36,12 @@ from .redis_scripts import load_script
 
 log = logging.getLogger("backburner.redis")
 
-LAYOUT_VERSION = 2
-"""The key layout this release reads and writes (1: before tenants, which recorded none)."""
+LAYOUT_VERSION = 3
+"""The key layout this release reads and writes (1: before tenants, which recorded none; 2:
+before the listing indexes by status alone and by type alone were dropped)."""
+
+_UPGRADABLE = (b"2",)
+"""Recorded layouts ``upgrade_layout`` brings up to this one (besides none: layout 1 or new)."""
 
 LAYOUT_KEY = "layout"
 """``{bb}:layout``: the store's layout version, written when it is new or upgraded."""
@@ -47,9 +54,9 @@ _PROGRESS_EVERY_S = 5.0
 
 def check_layout(recorded: bytes | None, where: str) -> bool:
     """True if a store whose ``{bb}:layout`` holds ``recorded`` is up to date, False if it has
-    no such key (new, or of layout 1) and needs ``upgrade_layout``; ConfigurationError for any
-    other layout (a later release's)."""
-    if recorded is None:
+    no such key (new, or of layout 1) or an earlier layout and needs ``upgrade_layout``;
+    ConfigurationError for any other layout (a later release's)."""
+    if recorded is None or recorded in _UPGRADABLE:
         return False
     if recorded == str(LAYOUT_VERSION).encode():
         return True

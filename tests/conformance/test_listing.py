@@ -102,6 +102,43 @@ async def test_pagination_with_a_filter(backend: Backend) -> None:
     assert [t for p in pages for t in p] == list(reversed(wanted))
 
 
+async def test_pagination_by_status_or_type_alone_interleaves_the_others(
+    backend: Backend,
+) -> None:
+    """Jobs of three types in several statuses, enqueued in turns: a listing by status alone
+    (over every type) and by type alone (over every status) pages through in enqueue order,
+    newest first, each job once."""
+    statuses = [JobStatus.QUEUED, JobStatus.COMPLETED, JobStatus.QUEUED, JobStatus.PROCESSING]
+    jobs = []
+    for i in range(24):
+        task_type, status = "abc"[i % 3], statuses[i % 4]
+        # The queued ones are due later, so each claim of drive() takes the job it enqueued.
+        due = {"run_at": T0 + 10_000} if status == JobStatus.QUEUED else {}
+        job = await drive(backend, status, task_type=task_type, now=T0 + i, **due)
+        jobs.append((job, task_type))
+    queued = [j.task_id for j, _ in reversed(jobs) if j.status == JobStatus.QUEUED]
+    of_b = [j.task_id for j, ty in reversed(jobs) if ty == "b"]
+    assert len(queued) == 12 and len(of_b) == 8
+    pages = await _all_pages(backend, limit=5, status=JobStatus.QUEUED)
+    assert [len(p) for p in pages] == [5, 5, 2]
+    assert [t for p in pages for t in p] == queued
+    pages = await _all_pages(backend, limit=3, type="b")
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert [t for p in pages for t in p] == of_b
+    of_b_by_tenant = await _ids(backend, type="b", tenant="default")
+    assert of_b_by_tenant == of_b
+
+
+async def test_a_long_listing_by_status_across_types_is_whole_and_in_order(
+    backend: Backend,
+) -> None:
+    """More jobs than one step of a merged walk looks at (pages of 120 over 3 types)."""
+    jobs = [await enqueue(backend, task_type="xyz"[i % 3], payload={"i": i}) for i in range(250)]
+    pages = await _all_pages(backend, limit=120, status=JobStatus.QUEUED)
+    assert [len(p) for p in pages] == [120, 120, 10]
+    assert [t for p in pages for t in p] == [j.task_id for j in reversed(jobs)]
+
+
 async def test_pagination_is_stable_under_inserts(backend: Backend) -> None:
     jobs = [await enqueue(backend, payload={"i": i}) for i in range(6)]
     first = await backend.list_jobs(limit=2)

@@ -322,8 +322,9 @@ async def test_a_lua_error_in_a_finish_batch_fails_that_finish_alone(
         assert isinstance(finished, Job) and finished.status == JobStatus.COMPLETED
     third = await engine.get(held[2].task_id)
     assert third is not None and third.status == JobStatus.COMPLETED
-    assert await client.zscore(engine._p + "i:s:completed", held[2].task_id) is not None
-    assert await client.zscore(engine._p + "i:s:processing", held[2].task_id) is None
+    completed, processing = (engine._p + f"i:st:{s}:summarize" for s in ("completed", "processing"))
+    assert await client.zscore(completed, held[2].task_id) is not None
+    assert await client.zscore(processing, held[2].task_id) is None
 
 
 async def test_a_finish_batch_moves_every_index_entry_and_count_as_finishes_alone(
@@ -364,7 +365,6 @@ async def test_a_finish_batch_moves_every_index_entry_and_count_as_finishes_alon
         ("queued", queued),
         ("processing", set()),
     ]:
-        assert await members("i:s:" + status) == expected, status
         assert await members(f"i:st:{status}:summarize") == expected, status
     assert await members("leases") == set()
     expiring = dict(await client.zrange(p + "expiring", 0, -1, withscores=True))
@@ -435,9 +435,7 @@ async def test_a_batch_claims_back_its_own_retries_after_moving_their_index_entr
     again = [j for r in refills for j in r.jobs]
     assert sorted(j.task_id for j in again) == sorted(j.task_id for j in held)
     ids = {j.task_id.encode() for j in held}
-    assert set(await client.zrange(engine._p + "i:s:processing", 0, -1)) == ids
     assert set(await client.zrange(engine._p + "i:st:processing:summarize", 0, -1)) == ids
-    assert await client.zrange(engine._p + "i:s:queued", 0, -1) == []
     assert await client.zrange(engine._p + "i:st:queued:summarize", 0, -1) == []
     assert await _statuses(engine, again) == [JobStatus.PROCESSING] * len(again)
 
@@ -450,7 +448,7 @@ async def test_a_gathered_index_write_that_fails_fails_alone(
     jobs = [await enqueue(engine) for _ in range(3)]
     held = await engine.claim("w1", limit=3, now=T0, lease_s=30)
     assert [j.task_id for j in held] == [j.task_id for j in jobs]
-    await client.set(engine._p + "i:s:completed", "not a sorted set")
+    await client.set(engine._p + "i:st:completed:summarize", "not a sorted set")
     scripts_run.clear()
     done = await asyncio.gather(
         *(engine.finish(j.task_id, j.fence, Complete(1), now=T0 + 1, claimed=j) for j in held),
@@ -462,13 +460,12 @@ async def test_a_gathered_index_write_that_fails_fails_alone(
     for finished in done[1:]:
         assert isinstance(finished, Job) and finished.status == JobStatus.COMPLETED, finished
     batched = {j.task_id.encode() for j in held[1:]}
-    assert set(await client.zrange(engine._p + "i:st:completed:summarize", 0, -1)) == batched
     assert set(await client.zrange(engine._p + "expiring", 0, -1)) == batched
     assert await engine.tenant_in_flight("default") == 1  # the lone one stopped before its own
-    processing = set(await client.zrange(engine._p + "i:s:processing", 0, -1))
+    processing = set(await client.zrange(engine._p + "i:st:processing:summarize", 0, -1))
     assert processing.isdisjoint(batched)
     assert set(await client.zrange(engine._p + "leases", 0, -1)).isdisjoint(batched)
-    assert await client.get(engine._p + "i:s:completed") == b"not a sorted set"
+    assert await client.get(engine._p + "i:st:completed:summarize") == b"not a sorted set"
 
 
 async def test_a_call_cancelled_before_its_batch_leaves_is_not_sent(

@@ -238,7 +238,8 @@ async def test_replay_and_finish_take_a_job_without_tenant_or_cost_as_the_defaul
     assert await engine.poll_cancellations("w1") == {running.task_id: claimed.fence}
     assert await client.exists(p + "inflight") == 0
     assert await client.zcard(p + "r:summarize") == 0
-    assert await client.zcard(p + "i:s:queued") == await client.zcard(p + "i:s:processing") == 0
+    assert await client.zcard(p + "i:st:queued:summarize") == 0
+    assert await client.zcard(p + "i:st:processing:summarize") == 0
 
 
 async def test_a_job_without_a_type_is_refused_before_anything_is_written(

@@ -34,6 +34,7 @@ from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
 
 T0 = 1000.0
 LEASE = 60.0
+LAYOUT = str(LAYOUT_VERSION).encode()
 GRACE = 3600  # 024d13c redis_lua/prelude.lua
 
 
@@ -339,8 +340,16 @@ async def test_a_store_of_the_release_before_tenants_is_upgraded_and_its_jobs_ca
     engine = RedisBackend(REDIS_TEST_URL, prefix=prefix)
     await engine.connect()
     try:
-        assert await client.get(p + "layout") == str(LAYOUT_VERSION).encode()
+        assert await client.get(p + "layout") == LAYOUT
         assert not await client.exists(p + "upgrade", p + "upgrade:ready")
+        # Layout 1's listing indexes by status alone and by type alone are gone; listings by
+        # either merge the indexes by both.
+        assert not await client.exists(*(p + "i:s:" + s for s in JobStatus))
+        assert not await client.exists(p + "i:t:summarize", p + "i:t:translate")
+        translate = await engine.list_jobs(type="translate")
+        assert [job.task_id for job in translate.jobs] == [other]
+        completed = await engine.list_jobs(status=JobStatus.COMPLETED)
+        assert [job.task_id for job in completed.jobs] == [done]
         await assert_each_job_in_one_layout(client, prefix, every)
         assert all([await client.hget(p + "j:" + t, "_fc") == b"10000" for t in every])
         assert await engine.tenant_in_flight("default") == 9  # 1 running, 6 ready, 2 delayed
@@ -427,7 +436,7 @@ async def test_a_new_store_only_gets_the_layout_key(client: Redis, prefix: str) 
     engine = RedisBackend(REDIS_TEST_URL, prefix=prefix)
     await engine.connect()
     await engine.close()
-    assert await dump(client, prefix) == {"{" + prefix + "}:layout": b"2"}
+    assert await dump(client, prefix) == {"{" + prefix + "}:layout": LAYOUT}
 
 
 async def test_a_store_of_this_layout_without_the_key_is_only_walked(
@@ -450,8 +459,57 @@ async def test_a_store_of_this_layout_without_the_key_is_only_walked(
     await engine.connect()
     await engine.close()
     after = await dump(client, prefix)
-    assert after.pop("{" + prefix + "}:layout") == b"2"
+    assert after.pop("{" + prefix + "}:layout") == LAYOUT
     assert after == before
+
+
+async def test_a_store_of_layout_2_loses_its_indexes_by_status_and_by_type_alone(
+    client: Redis, prefix: str
+) -> None:
+    """Layout 2 differs from this one only by the listing indexes by status alone
+    ({bb}:i:s:<status>) and by type alone ({bb}:i:t:<type>), which held what the indexes by
+    both hold: a store of it is this layout's with those written in and layout '2' recorded.
+    One step drops them and records this layout; nothing else changes, and listings by status
+    or by type alone give what layout 2 gave."""
+    p = "{" + prefix + "}:"
+    engine = RedisBackend(REDIS_TEST_URL, prefix=prefix)
+    await engine.connect()
+    try:
+        ids = [
+            (await engine.enqueue(new_job(ty, now=T0 + n)))[0].task_id
+            for n, ty in enumerate(["gen", "embed", "gen", "gen"])
+        ]
+        (claimed,) = await engine.claim("w1", limit=1, now=T0 + 9, types=["embed"], lease_s=LEASE)
+        await engine.finish(claimed.task_id, claimed.fence, Complete(1), now=T0 + 10)
+        (running,) = await engine.claim("w1", limit=1, now=T0 + 11, lease_s=LEASE)
+    finally:
+        await engine.close()
+    before = await dump(client, prefix)
+    for key, members in list(before.items()):
+        parts = key.removeprefix(p).split(":")
+        if parts[:2] == ["i", "st"]:
+            await client.zadd(p + "i:s:" + parts[2], dict(members))
+            await client.zadd(p + "i:t:" + ":".join(parts[3:]), dict(members))
+    await client.set(p + "layout", "2")
+    assert await client.exists(p + "i:s:queued", p + "i:t:gen", p + "i:t:embed") == 3
+
+    engine = RedisBackend(REDIS_TEST_URL, prefix=prefix)
+    await engine.connect()
+    try:
+        after = await dump(client, prefix)
+        assert after.pop(p + "layout") == LAYOUT
+        before.pop(p + "layout")
+        assert after == before
+        queued = await engine.list_jobs(status=JobStatus.QUEUED)
+        assert [job.task_id for job in queued.jobs] == [ids[3], ids[2]]
+        gen = await engine.list_jobs(type="gen")
+        assert [job.task_id for job in gen.jobs] == [ids[3], ids[2], ids[0]]
+        assert running.task_id == ids[0]
+        stats = await engine.stats(now=T0 + 12)
+        assert stats.counts[JobStatus.QUEUED] == 2
+        assert stats.counts[JobStatus.PROCESSING] == stats.counts[JobStatus.COMPLETED] == 1
+    finally:
+        await engine.close()
 
 
 async def test_a_store_of_the_first_tenants_release_keeps_its_fair_order(
@@ -483,7 +541,7 @@ async def test_a_store_of_the_first_tenants_release_keeps_its_fair_order(
     engine = RedisBackend(REDIS_TEST_URL, prefix=prefix)
     await engine.connect()
     try:
-        assert await client.get(p + "layout") == b"2"
+        assert await client.get(p + "layout") == LAYOUT
         assert not await client.exists(p + "fair", p + "upgrade", p + "upgrade:ready")
         assert await client.hgetall(p + "fair:gen") == {b"100": b"20000", b"100:acme": b"40000"}
         assert await client.hgetall(p + "fair:embed") == {
@@ -555,7 +613,7 @@ async def test_an_upgrade_cut_short_finishes_on_the_next_connect(
     engine.upgrade_batch = 4
     await engine.connect()
     try:
-        assert await client.get(p + "layout") == b"2"
+        assert await client.get(p + "layout") == LAYOUT
         assert not await client.exists(p + "upgrade", p + "upgrade:ready")
         await assert_each_job_in_one_layout(client, prefix, every)
         assert await engine.tenant_in_flight("default") == 1 + 30 + 4
@@ -591,7 +649,7 @@ async def test_processes_connecting_at_once_share_the_upgrade(
     # once the store is up to date.
     connected = await asyncio.gather(*(connect(engine) for engine in [*engines, engines[0]]))
     try:
-        assert connected == [b"2"] * 4
+        assert connected == [LAYOUT] * 4
         # Each job was looked at once, by whichever process's batch came to it.
         assert sum(looked_at) == 45 and sum(n > 0 for n in looked_at) > 1, looked_at
         await assert_each_job_in_one_layout(client, prefix, {*order, *later})

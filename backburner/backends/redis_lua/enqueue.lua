@@ -18,7 +18,7 @@ if ik ~= '' then
   end
 end
 if ARGV[7] ~= '' then
-  local queued = redis.call('ZCARD', P .. 'i:s:queued')
+  local queued = count_status('queued')
   if queued >= tonumber(ARGV[7]) then return {'full', queued} end
 end
 if ARGV[15] ~= '' then
@@ -66,7 +66,6 @@ if tat then redis.call('HSET', RATES, tenant, num(tat)) end
 join_flight(tenant, parent)
 -- Scored by sq, the seq as text: a number would be written out as a double, a printf each.
 redis.call('ZADD', P .. 'i:all', sq, id)
-redis.call('ZADD', P .. 'i:t:' .. ty, sq, id)
 redis.call('ZADD', nkey(tenant), sq, id)
 if parent then redis.call('ZADD', pkey(parent), sq, id) end
 reindex(id, ty, sq, nil, 'queued')

@@ -121,15 +121,24 @@ local function write_later()
   end
 end
 
+-- A job's status index: {bb}:i:st:<status>:<type> (seq -> id). The only index by status or
+-- by type: a listing by status merges the status's index of every type, one by type the
+-- type's index of every status (redis_reads.py), so a transition moves one entry, not three.
+local function stkey(status, ty) return P .. 'i:st:' .. status .. ':' .. ty end
+local STATUSES = {'queued', 'processing', 'completed', 'failed', 'cancelled'} -- models.JobStatus
+
+-- How many jobs have this status, over every task type ever enqueued.
+local function count_status(status)
+  local n = 0
+  for _, ty in ipairs(redis.call('SMEMBERS', P .. 'types')) do
+    n = n + redis.call('ZCARD', stkey(status, ty))
+  end
+  return n
+end
+
 local function reindex(id, ty, seq, from, to)
-  if from then
-    zwrite('ZREM', P .. 'i:s:' .. from, id)
-    zwrite('ZREM', P .. 'i:st:' .. from .. ':' .. ty, id)
-  end
-  if to then
-    zwrite('ZADD', P .. 'i:s:' .. to, seq, id)
-    zwrite('ZADD', P .. 'i:st:' .. to .. ':' .. ty, seq, id)
-  end
+  if from then zwrite('ZREM', stkey(from, ty), id) end
+  if to then zwrite('ZADD', stkey(to, ty), seq, id) end
 end
 
 -- An event under a seq the caller took: it read the job's _ev and writes it past seq itself.
@@ -464,12 +473,7 @@ local function forget(id, fields)
   forget_webhooks(id)
   redis.call('ZREM', P .. 'i:all', id)
   redis.call('ZREM', EXPIRING, id)
-  if ty then
-    redis.call('ZREM', P .. 'i:t:' .. ty, id)
-    reindex(id, ty, 0, raw(status), nil)
-  else
-    for name in pairs(TERMINAL) do redis.call('ZREM', P .. 'i:s:' .. name, id) end
-  end
+  if ty and status then reindex(id, ty, 0, raw(status), nil) end -- (no type: in no i:st)
   if ik and ik ~= '' and redis.call('GET', P .. 'k:' .. ik) == id then
     redis.call('DEL', P .. 'k:' .. ik)
   end
@@ -524,7 +528,7 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
   -- loop: a command costs about as much as the member it moves, so per job they were the
   -- larger part of a claim.
   local ready_out, queued_out, processing_in = {}, {}, {} -- type -> ZREM/ZADD arguments
-  local all_ids, all_seqs, leases, prios = {}, {}, {}, {}
+  local leases, prios = {}, {}
   local score = lease_score(lease)
   for i = 1, math.min(limit, #candidates) do
     local m = candidates[i]
@@ -537,9 +541,6 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     table.insert(queued_out[ty], id)
     table.insert(processing_in[ty], seq)
     table.insert(processing_in[ty], id)
-    table.insert(all_ids, id)
-    table.insert(all_seqs, seq)
-    table.insert(all_seqs, id)
     table.insert(leases, score)
     table.insert(leases, id)
     local pq, tag = string.sub(m, 1, 3), tonumber(string.sub(m, M_TAG, M_SEQ - 1))
@@ -564,12 +565,10 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     out[#out + 1] = read_job(id, {'"processing"', attempt, fence, wjson, lease, now, cur})
   end
   in_chunks('ZADD', LEASES, leases)
-  in_chunks('ZREM', P .. 'i:s:queued', all_ids)
-  in_chunks('ZADD', P .. 'i:s:processing', all_seqs)
   for ty, members in pairs(ready_out) do
     in_chunks('ZREM', rkey(ty), members)
-    in_chunks('ZREM', P .. 'i:st:queued:' .. ty, queued_out[ty])
-    in_chunks('ZADD', P .. 'i:st:processing:' .. ty, processing_in[ty])
+    in_chunks('ZREM', stkey('queued', ty), queued_out[ty])
+    in_chunks('ZADD', stkey('processing', ty), processing_in[ty])
   end
   for priority, count in pairs(prios) do
     redis.call('HINCRBY', QPRIO, priority, string.format('%d', -count))

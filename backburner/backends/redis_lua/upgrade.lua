@@ -1,7 +1,7 @@
 -- ARGV: P, layout version, batch size, tenant, tenant as JSON, fair cost
--- One batch of the upgrade of a store written before tenants (layout 1) to this layout
--- (redis_upgrade.py runs batches until this returns 'done'). Returns
--- {'done' | 'more', the layout now recorded (or ''), jobs scanned, ready jobs tagged}.
+-- One batch of the upgrade of a store written before tenants (layout 1), or the one step from
+-- layout 2 (below), to this layout (redis_upgrade.py runs batches until this returns 'done').
+-- Returns {'done' | 'more', the layout now recorded (or ''), jobs scanned, ready jobs tagged}.
 --
 -- Layout 1: a ready job's member was <priority 3><run code 17><seq 12><id> (the hash's _qm
 -- held the first 32 characters), a delayed job's was its bare id; hashes had no tenant, _fc,
@@ -37,7 +37,23 @@ local tenant, tenant_json, cost = ARGV[4], ARGV[5], ARGV[6]
 local OLD_ID = 33 -- where the id starts in a member of layout 1
 local OLD_FAIR = P .. 'fair' -- 8319ca4's fair-share state, one hash for every type
 
+-- Layout 2 kept three listing indexes a job moved between at every transition: by status
+-- ({bb}:i:s:<status>), by type ({bb}:i:t:<type>) and by both ({bb}:i:st:<status>:<type>).
+-- Only the last is kept (listings merge it: redis_reads.py); the others go, freed in the
+-- background (UNLINK), as the layout is recorded. A store of layout 1 had them too.
+local function drop_layout_2_indexes()
+  for _, status in ipairs(STATUSES) do redis.call('UNLINK', P .. 'i:s:' .. status) end
+  for _, ty in ipairs(redis.call('SMEMBERS', P .. 'types')) do
+    redis.call('UNLINK', P .. 'i:t:' .. ty)
+  end
+end
+
 local recorded = redis.call('GET', LAYOUT)
+if recorded == '2' then
+  drop_layout_2_indexes()
+  redis.call('SET', LAYOUT, version)
+  return {'done', version, 0, 0}
+end
 if recorded then return {'done', recorded, 0, 0} end
 
 -- The job joins the tenant: its fields, its listing index, and (not terminal) its count.
@@ -140,6 +156,7 @@ if walked then
     end
   end
   if redis.call('EXISTS', STAGE) == 0 then
+    drop_layout_2_indexes()
     redis.call('SET', LAYOUT, version)
     redis.call('DEL', STATE, OLD_FAIR)
     return {'done', version, scanned, tagged}
