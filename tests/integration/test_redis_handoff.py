@@ -60,6 +60,50 @@ async def test_an_idle_worker_is_handed_the_job_its_enqueue_claims_for_it(
     assert await engine.stop_waiting("w1") == []
 
 
+async def test_a_job_handed_at_its_enqueue_is_stored_as_if_enqueued_and_then_claimed(
+    engine: RedisBackend, client: Redis
+) -> None:
+    """With the type's queue empty the enqueue writes the job as the worker's claim would
+    leave it, never queued: the same hash, indexes, lease, counts and events as a job
+    enqueued and then claimed, and the queue's fair-share clock at its tag."""
+    p = "{" + engine.prefix + "}:"
+    claimed = await enqueue(engine, now=T0 + 1)
+    assert await engine.claim("w1", limit=1, now=T0 + 1, lease_s=45) != []
+    waiting = asyncio.create_task(
+        engine.wait_for_jobs(now=T0, timeout=10.0, types=["summarize"], worker_id="w1", lease_s=45)
+    )
+    await registered(client, engine, "w1")
+    handed = await enqueue(engine, now=T0 + 1)
+    assert [h.task_id for h in await asyncio.wait_for(waiting, 5)] == [handed.task_id]
+
+    def comparable(fields: dict[bytes, bytes]) -> dict[bytes, object]:
+        # (The lease's end is the same number, written by Python's repr or by Lua's %.17g.)
+        lease = float(fields.pop(b"lease_expires_at"))
+        return {k: v for k, v in fields.items() if k not in (b"_sq", b"_tg")} | {b"lease": lease}
+
+    one, other = [await client.hgetall(p + "j:" + j.task_id) for j in (claimed, handed)]
+    assert comparable(one) == comparable(other)
+    for job in (claimed, handed):
+        assert await client.zscore(p + "i:st:processing:summarize", job.task_id) is not None
+        assert await client.zscore(p + "leases", job.task_id) == T0 + 1 + 45
+    assert not await client.exists(p + "r:summarize", p + "i:st:queued:summarize")
+    assert await client.hget(p + "qprio", "0") == b"0"
+    assert await engine.tenant_in_flight("default") == 2
+    tag = await client.hget(p + "j:" + handed.task_id, "_tg")
+    assert await client.hget(p + "fair:summarize", "100") == tag
+    got = [await engine.get(j.task_id) for j in (claimed, handed)]
+    assert [(j.status, j.attempts, j.fence, j.worker_id) for j in got if j] == [
+        (JobStatus.PROCESSING, 1, 1, "w1")
+    ] * 2
+    events = [await engine.events(j.task_id) for j in (claimed, handed)]
+    assert [[(e.seq, e.type, e.data) for e in es] for es in events] == [
+        [
+            (1, "status", {"status": "queued"}),
+            (2, "status", {"status": "processing", "attempt": 1, "worker_id": "w1"}),
+        ]
+    ] * 2
+
+
 async def test_only_a_worker_of_the_jobs_type_is_handed_it(
     engine: RedisBackend, client: Redis
 ) -> None:

@@ -38,16 +38,23 @@ if ARGV[16] ~= '' then
 end
 local seq = redis.call('INCR', P .. 'seq')
 local sq = string.format('%012d', seq)
-local j = jkey(id)
+local j, now = jkey(id), ARGV[11]
 local fields = {}
 for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
 -- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. The job
 -- has no stream yet (_es '0'): it gets one when it needs one (prelude: event).
 local delayed, pq = ARGV[10] == '1', ARGV[8]
+-- An idle worker may take a job due now at once (prelude: idle_taker). With this type's queue
+-- empty the job is the one its claim would take: it is written as that claim leaves a job,
+-- never queued (a third of the commands of queueing it and claiming it back). Behind other
+-- ready jobs, the queue's head is handed instead (hand_head).
+local taker, reg, reg_text = nil, nil, nil
+if not delayed then taker, reg, reg_text = idle_taker(ty, now) end
+local claimed = taker ~= nil and redis.call('EXISTS', rkey(ty)) == 0
 -- A job due now joins its tenant's line at once: its tag goes in with the rest of its hash.
 local tag = nil
 if not delayed then
-  tag = fair_tag(tenant, ty, pq, tonumber(ARGV[14]))
+  tag = fair_tag(tenant, ty, pq, tonumber(ARGV[14]), claimed)
   fields[#fields + 1] = '_tg'
   fields[#fields + 1] = string.format('%d', tag)
 end
@@ -57,9 +64,21 @@ if ik ~= '' then
   fields[#fields + 1] = '_fp'
   fields[#fields + 1] = fp
 end
-redis.call('HSET', j, '_sq', sq, '_ev', '1', '_es', '0', '_ca', ARGV[11],
-  'status', '"queued"', 'priority', ARGV[12], 'attempts', '0', 'fence', '0', '_ty', ty,
-  '_pq', ARGV[8], 'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
+-- As claim_jobs writes a claimed job: attempt 1 under fence 1, its open attempt's record
+-- standing for its "processing" event (seq 2), the lease from the worker's registration.
+local status, attempts, ev, lease, cur = '"queued"', '0', '1', nil, nil
+if claimed then
+  status, attempts, ev = '"processing"', '1', '2'
+  lease = num(tonumber(now) + tonumber(reg.l))
+  cur = '{"attempt":1,"worker_id":' .. reg.j .. ',"started_at":' .. now .. ',"ev":2'
+  for _, v in ipairs({'worker_id', reg.j, 'lease_expires_at', lease, 'started_at', now,
+    '_cur', cur}) do
+    fields[#fields + 1] = v
+  end
+end
+redis.call('HSET', j, '_sq', sq, '_ev', ev, '_es', '0', '_ca', now, 'status', status,
+  'priority', ARGV[12], 'attempts', attempts, 'fence', attempts, '_ty', ty, '_pq', pq,
+  'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end
@@ -68,14 +87,24 @@ join_flight(tenant, parent)
 redis.call('ZADD', P .. 'i:all', sq, id)
 redis.call('ZADD', nkey(tenant), sq, id)
 if parent then redis.call('ZADD', pkey(parent), sq, id) end
-reindex(id, ty, sq, nil, 'queued')
 redis.call('SADD', P .. 'types', ty)
+if claimed then
+  reindex(id, ty, sq, nil, 'processing')
+  end_idle(taker, reg_text)
+  redis.call('ZADD', LEASES, lease_score(lease), id)
+  local doc = read_job(id, {status, attempts, attempts, reg.j, lease, now, cur}, spec)
+  redis.call('PUBLISH', P .. 'hand:' .. taker, doc)
+  return {'ok'}
+end
+reindex(id, ty, sq, nil, 'queued')
 redis.call('HINCRBY', QPRIO, ARGV[12], '1')
 if delayed then
   enqueue_delayed(id, ty, sq, ARGV[9])
 else
   redis.call('ZADD', rkey(ty), '0', ready_member(id, pq, tag, sq, ARGV[9]))
-  -- An idle worker takes it at once; else the waiters of its type are woken to claim it.
-  if not hand_off(ty, ARGV[11]) then redis.call('PUBLISH', WAKE, ty) end
+  -- Else the waiters of its type are woken to claim it.
+  if not (taker and hand_head(ty, now, taker, reg, reg_text)) then
+    redis.call('PUBLISH', WAKE, ty)
+  end
 end
 return {'ok'}

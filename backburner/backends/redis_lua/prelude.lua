@@ -183,9 +183,9 @@ local N_JOB_FIELDS = #DOC_FIELDS - 4
 -- field named like a Job field, then progress and history from our own fields. claimed: the
 -- values of the first six fields and of _cur that a claim has just written, which are not
 -- read back (the rest is read after its write: a hash of many fields reads faster once its
--- record has made it a hash table), or nil.
-local function read_job(id, claimed)
-  local spec = redis.call('GET', skey(id))
+-- record has made it a hash table), or nil. spec: the job's spec, if the caller has it.
+local function read_job(id, claimed, spec)
+  spec = spec or redis.call('GET', skey(id))
   if not spec then return false end
   local j, n, v, parts = jkey(id), N_JOB_FIELDS, nil, {'{', spec}
   local first = 1
@@ -244,18 +244,23 @@ end
 -- its own, moved only by claims from it. Tags are integers; a double holds them exactly below
 -- 2^53, and below that '%d' (a 64-bit integer here) writes them exactly and their code (19
 -- digits) keeps them in order. They are written by '%d', not by a float format: see event_at.
-local function fair_tag(tenant, ty, pq, cost)
+-- claimed: the job is claimed in the same step (an enqueue's hand-off), so the queue's clock
+-- moves up to its tag too, as the claim would move it (a tag is always above the clock).
+local function fair_tag(tenant, ty, pq, cost, claimed)
   local key, last = fkey(ty), pq .. ':' .. tenant
   local f = redis.call('HMGET', key, pq, last)
   local clock = tonumber(f[1])
-  if clock then
-    local tag = math.max(clock, tonumber(f[2]) or 0) + cost
-    redis.call('HSET', key, last, string.format('%d', tag))
-    return tag
-  end
-  clock = open_clock(pq)
+  local opened = clock ~= nil
+  if not opened then clock = open_clock(pq) end
   local tag = math.max(clock, tonumber(f[2]) or 0) + cost
-  redis.call('HSET', key, pq, string.format('%d', clock), last, string.format('%d', tag))
+  local text = string.format('%d', tag)
+  if claimed then
+    redis.call('HSET', key, last, text, pq, text)
+  elseif opened then
+    redis.call('HSET', key, last, text)
+  else
+    redis.call('HSET', key, pq, string.format('%d', clock), last, text)
+  end
   return tag
 end
 
@@ -602,9 +607,10 @@ local function redis_now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
--- End wid's registration; its registration as a table, or nil if it had none.
-local function end_idle(wid)
-  local text = redis.call('HGET', IDLEW, wid)
+-- End wid's registration; its registration as a table, or nil if it had none. text: the
+-- registration as read from IDLEW, if the caller has it (else it is read here).
+local function end_idle(wid, text)
+  text = text or redis.call('HGET', IDLEW, wid)
   if not text then return nil end
   redis.call('HDEL', IDLEW, wid)
   local ok, reg = pcall(cjson.decode, text)
@@ -613,43 +619,51 @@ local function end_idle(wid)
   return reg
 end
 
--- Hand the job a claim of type ty would take next to an idle worker of that type, if one is
--- registered and listening (now: the caller's clock, which the claim uses like a worker's);
--- the worker registered last gets it. True if it did.
-local function hand_off(ty, now)
+-- The idle worker an enqueue of type ty may hand its job to (now: the enqueuer's clock, which
+-- the claim made for the worker uses like the worker's own): the one registered last, if it
+-- is listening and its own claim would take nothing before this type's next job. Returns its
+-- id, its registration (a table) and the registration's text, or nil. Registrations found
+-- lapsed, not listening or unreadable on the way are ended.
+local function idle_taker(ty, now)
   local key = idlekey(ty)
   -- The registration that lapses last (one command when nobody waits: every busy enqueue).
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #newest == 0 then return false end
+  if #newest == 0 then return nil end
   local clock = redis_now()
   for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', clock, 'LIMIT', 0, 10)) do
     end_idle(lapsed) -- dead or gone
     redis.call('ZREM', key, lapsed)
   end
-  if tonumber(newest[2]) <= clock then return false end
+  if tonumber(newest[2]) <= clock then return nil end
   local wid = newest[1]
-  local channel = P .. 'hand:' .. wid
   -- Not listening (its connection dropped, it died): a job published to it would be lost.
-  if tonumber(redis.call('PUBSUB', 'NUMSUB', channel)[2]) == 0 then
+  if tonumber(redis.call('PUBSUB', 'NUMSUB', P .. 'hand:' .. wid)[2]) == 0 then
     end_idle(wid)
-    return false
+    return nil
   end
-  local ok, reg = pcall(cjson.decode, redis.call('HGET', IDLEW, wid) or '')
+  local text = redis.call('HGET', IDLEW, wid)
+  local ok, reg = pcall(cjson.decode, text or '')
   if not ok or type(reg) ~= 'table' or type(reg.t) ~= 'table' or type(reg.j) ~= 'string'
     or not tonumber(reg.l) then
-    end_idle(wid)
-    return false
+    end_idle(wid, text)
+    return nil
   end
   -- Its own claim would take the head of all its types' queues, after moving due delayed jobs
-  -- in: hand it this queue's head only when nothing else could come first (else it is woken).
-  if #redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1) > 0 then return false end
+  -- in: hand it this type's job only when nothing else could come first (else it is woken).
+  if #redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1) > 0 then return nil end
   for _, other in ipairs(reg.t) do
-    if other ~= ty and redis.call('ZCARD', rkey(other)) > 0 then return false end
+    if other ~= ty and redis.call('ZCARD', rkey(other)) > 0 then return nil end
   end
-  end_idle(wid)
+  return wid, reg, text
+end
+
+-- Hand the head of type ty's ready queue to the idle worker wid (idle_taker's three results)
+-- as its claim would take it, and end its registration. True if it did.
+local function hand_head(ty, now, wid, reg, text)
+  end_idle(wid, text)
   local jobs = claim_jobs({ty}, 1, wid, reg.j, now, num(tonumber(now) + tonumber(reg.l)))
   if #jobs == 0 then return false end
-  redis.call('PUBLISH', channel, jobs[1])
+  redis.call('PUBLISH', P .. 'hand:' .. wid, jobs[1])
   return true
 end
 
