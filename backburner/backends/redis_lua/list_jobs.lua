@@ -12,7 +12,9 @@ local top, limit, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local function indexes_of(group)
   local kind, name, keys = string.sub(group, 1, 1), string.sub(group, 2), {}
   if kind == 's' then
-    for _, ty in ipairs(redis.call('SMEMBERS', P .. 'types')) do keys[#keys + 1] = stkey(name, ty) end
+    for _, ty in ipairs(redis.call('SMEMBERS', P .. 'types')) do
+      keys[#keys + 1] = stkey(name, ty)
+    end
   elseif kind == 't' then
     for _, status in ipairs(STATUSES) do keys[#keys + 1] = stkey(status, name) end
   else
