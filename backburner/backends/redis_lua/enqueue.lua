@@ -52,9 +52,9 @@ local taker, reg, reg_text = nil, nil, nil
 if not delayed then taker, reg, reg_text = idle_taker(ty, now) end
 local claimed = taker ~= nil and redis.call('EXISTS', rkey(ty)) == 0
 -- A job due now joins its tenant's line at once: its tag goes in with the rest of its hash.
-local tag = nil
+local tag, known = nil, false
 if not delayed then
-  tag = fair_tag(tenant, ty, pq, tonumber(ARGV[14]), claimed)
+  tag, known = fair_tag(tenant, ty, pq, tonumber(ARGV[14]), claimed)
   fields[#fields + 1] = '_tg'
   fields[#fields + 1] = string.format('%d', tag)
 end
@@ -76,9 +76,10 @@ if claimed then
     fields[#fields + 1] = v
   end
 end
+local tenant_json = cjson.encode(tenant)
 redis.call('HSET', j, '_sq', sq, '_ev', ev, '_es', '0', '_ca', now, 'status', status,
   'priority', ARGV[12], 'attempts', attempts, 'fence', attempts, '_ty', ty, '_pq', pq,
-  'tenant', cjson.encode(tenant), '_fc', ARGV[14], unpack(fields))
+  'tenant', tenant_json, '_fc', ARGV[14], unpack(fields))
 redis.call('SET', skey(id), spec)
 if ik ~= '' then redis.call('SET', P .. 'k:' .. ik, id) end
 if tat then redis.call('HSET', RATES, tenant, num(tat)) end
@@ -87,12 +88,15 @@ join_flight(tenant, parent)
 redis.call('ZADD', P .. 'i:all', sq, id)
 redis.call('ZADD', nkey(tenant), sq, id)
 if parent then redis.call('ZADD', pkey(parent), sq, id) end
-redis.call('SADD', P .. 'types', ty)
+if not known then redis.call('SADD', P .. 'types', ty) end -- (known: it is there)
 if claimed then
   reindex(id, ty, sq, nil, 'processing')
   end_idle(taker, reg_text)
   redis.call('ZADD', LEASES, lease_score(lease), id)
-  local doc = read_job(id, {status, attempts, attempts, reg.j, lease, now, cur}, spec)
+  -- Its document from what was just written, not read back: the hash holds just these.
+  local written = {priority = ARGV[12], tenant = tenant_json}
+  for i = 1, #fields, 2 do written[fields[i]] = fields[i + 1] end
+  local doc = read_job(id, {status, attempts, attempts, reg.j, lease, now, cur}, spec, written)
   redis.call('PUBLISH', P .. 'hand:' .. taker, doc)
   return {'ok'}
 end

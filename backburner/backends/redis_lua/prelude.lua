@@ -184,14 +184,21 @@ local N_JOB_FIELDS = #DOC_FIELDS - 4
 -- values of the first six fields and of _cur that a claim has just written, which are not
 -- read back (the rest is read after its write: a hash of many fields reads faster once its
 -- record has made it a hash table), or nil. spec: the job's spec, if the caller has it.
-local function read_job(id, claimed, spec)
+-- written: with claimed, the job's every other field (name -> value), when the caller has just
+-- written the whole hash (an enqueue's hand-off): then nothing is read back.
+local function read_job(id, claimed, spec, written)
   spec = spec or redis.call('GET', skey(id))
   if not spec then return false end
   local j, n, v, parts = jkey(id), N_JOB_FIELDS, nil, {'{', spec}
   local first = 1
   if claimed then
     first = 7
-    v = redis.call('HMGET', j, unpack(DOC_FIELDS, 7, n + 3))
+    if written then
+      v = {}
+      for i = 7, n + 3 do v[i - 6] = written[DOC_FIELDS[i]] end
+    else
+      v = redis.call('HMGET', j, unpack(DOC_FIELDS, 7, n + 3))
+    end
     for i = 1, 6 do parts[#parts + 1] = ',"' .. DOC_FIELDS[i] .. '":' .. claimed[i] end
   else
     v = redis.call('HMGET', j, unpack(DOC_FIELDS, 1, n + 4))
@@ -246,6 +253,8 @@ end
 -- digits) keeps them in order. They are written by '%d', not by a float format: see event_at.
 -- claimed: the job is claimed in the same step (an enqueue's hand-off), so the queue's clock
 -- moves up to its tag too, as the claim would move it (a tag is always above the clock).
+-- Also returns whether the queue had a clock already: then its type is in {bb}:types (a
+-- fair-share hash is only written for a type of a job enqueued before, whose enqueue added it).
 local function fair_tag(tenant, ty, pq, cost, claimed)
   local key, last = fkey(ty), pq .. ':' .. tenant
   local f = redis.call('HMGET', key, pq, last)
@@ -261,7 +270,7 @@ local function fair_tag(tenant, ty, pq, cost, claimed)
   else
     redis.call('HSET', key, pq, string.format('%d', clock), last, text)
   end
-  return tag
+  return tag, opened
 end
 
 -- A string held as JSON text (a hash field), or nil when absent or not a JSON string.
