@@ -91,7 +91,7 @@ if parent then redis.call('ZADD', pkey(parent), sq, id) end
 if not known then redis.call('SADD', P .. 'types', ty) end -- (known: it is there)
 if claimed then
   reindex(id, ty, sq, nil, 'processing')
-  end_idle(taker, reg_text)
+  end_idle(taker, reg_text, reg)
   redis.call('ZADD', LEASES, lease_score(lease), id)
   -- Its document from what was just written, not read back: the hash holds just these.
   local written = {priority = ARGV[12], tenant = tenant_json}

@@ -13,6 +13,6 @@ if #types > 0 then
   for _, ty in ipairs(types) do redis.call('ZADD', idlekey(ty), lapses, wid) end
   redis.call('HSET', IDLEW, wid, cjson.encode({t = types, j = wjson, l = lease_s}))
 end
-local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', DELAYED, '0', '0', 'WITHSCORES')
 if #first == 0 then return false end
 return first[2]

@@ -161,7 +161,7 @@ end
 -- An event under the job's next seq, into its stream; es: its _es as read (the caller's HMGET).
 local function event(id, type, data, at, es)
   local j = jkey(id)
-  local seq = redis.call('HINCRBY', j, '_ev', 1)
+  local seq = redis.call('HINCRBY', j, '_ev', '1')
   event_at(id, seq, type, data, at)
   if es == '0' then redis.call('HSET', j, '_es', '1') end
   return seq
@@ -505,7 +505,7 @@ local SLOT_GRACE_MS = 60000
 local function slotkey(name) return P .. 'slot:' .. name end
 local function slot_drop_ended(k, now) redis.call('ZREMRANGEBYSCORE', k, '-inf', now) end
 local function slot_keep(k, now)
-  local last = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', k, '-1', '-1', 'WITHSCORES')
   if last[2] then
     local ms = math.ceil((tonumber(last[2]) - tonumber(now)) * 1000) + SLOT_GRACE_MS
     redis.call('PEXPIRE', k, string.format('%d', ms))
@@ -617,13 +617,18 @@ local function redis_now()
 end
 
 -- End wid's registration; its registration as a table, or nil if it had none. text: the
--- registration as read from IDLEW, if the caller has it (else it is read here).
-local function end_idle(wid, text)
+-- registration as read from IDLEW, if the caller has it (else it is read here); reg: it
+-- decoded, if the caller has that too (idle_taker's checked one).
+local function end_idle(wid, text, reg)
   text = text or redis.call('HGET', IDLEW, wid)
   if not text then return nil end
   redis.call('HDEL', IDLEW, wid)
-  local ok, reg = pcall(cjson.decode, text)
-  if not ok or type(reg) ~= 'table' or type(reg.t) ~= 'table' then return nil end
+  if not reg then
+    local ok, decoded = pcall(cjson.decode, text)
+    if not ok then return nil end
+    reg = decoded
+  end
+  if type(reg) ~= 'table' or type(reg.t) ~= 'table' then return nil end
   for _, ty in ipairs(reg.t) do redis.call('ZREM', idlekey(ty), wid) end
   return reg
 end
@@ -636,10 +641,15 @@ end
 local function idle_taker(ty, now)
   local key = idlekey(ty)
   -- The registration that lapses last (one command when nobody waits: every busy enqueue).
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   if #newest == 0 then return nil end
-  local clock = redis_now()
-  for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', clock, 'LIMIT', 0, 10)) do
+  -- Redis's time as text: a number handed to redis.call is printed as a double (%.17g), a
+  -- twentieth of a hand-off's instructions went to printing its seven numeric arguments.
+  local t = redis.call('TIME')
+  local clock_text = t[1] .. '.' .. string.rep('0', 6 - #t[2]) .. t[2]
+  local clock = tonumber(clock_text)
+  for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', clock_text, 'LIMIT', '0',
+    '10')) do
     end_idle(lapsed) -- dead or gone
     redis.call('ZREM', key, lapsed)
   end
@@ -659,7 +669,7 @@ local function idle_taker(ty, now)
   end
   -- Its own claim would take the head of all its types' queues, after moving due delayed jobs
   -- in: hand it this type's job only when nothing else could come first (else it is woken).
-  if #redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1) > 0 then return nil end
+  if #redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', '0', '1') > 0 then return nil end
   for _, other in ipairs(reg.t) do
     if other ~= ty and redis.call('ZCARD', rkey(other)) > 0 then return nil end
   end
@@ -669,7 +679,7 @@ end
 -- Hand the head of type ty's ready queue to the idle worker wid (idle_taker's three results)
 -- as its claim would take it, and end its registration. True if it did.
 local function hand_head(ty, now, wid, reg, text)
-  end_idle(wid, text)
+  end_idle(wid, text, reg)
   local jobs = claim_jobs({ty}, 1, wid, reg.j, now, num(tonumber(now) + tonumber(reg.l)))
   if #jobs == 0 then return false end
   redis.call('PUBLISH', P .. 'hand:' .. wid, jobs[1])
@@ -696,7 +706,7 @@ local function lease_until(now, s) return num(tonumber(now) + s) end
 -- It leaves the worker's idle registration alone: a finish's claim is for the slot the finish
 -- frees, while the worker's own wait (and what it may be handed) is for its other free slots.
 local function claim_for(wid, wjson, now, lease, types, limit)
-  local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, 1000)
+  local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', '0', '1000')
   for _, m in ipairs(due) do
     local id = string.sub(m, 13)
     local f = redis.call('HMGET', jkey(id), '_ty', '_pq', 'tenant', '_fc', 'run_at', 'status',
