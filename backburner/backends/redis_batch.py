@@ -12,6 +12,7 @@ the turn's later ones: Redis works on that one while the caller's loop makes the
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,7 +87,17 @@ class ScriptBatcher:
             return
         task = asyncio.create_task(self._send(batch), name="backburner:redis-batch")
         self._sending.add(task)  # in flight from now: a call made before it starts gathers
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(functools.partial(self._sent, batch))
+
+    def _sent(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]], task: Any) -> None:
+        self._sending.discard(task)
+        # Cut short (the loop closing, or the batch cancelled before its first step, when its
+        # body never runs): no caller waits forever.
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(
+                    BackendConnectionError("a batch of calls was cut short; it may have run")
+                )
 
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
         # A caller cancelled before its batch left is not sent: nothing was done for it.
@@ -112,9 +123,3 @@ class ScriptBatcher:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
-        finally:
-            for _, future in batch:  # cut short (the loop closing): nobody waits forever
-                if not future.done():
-                    future.set_exception(
-                        BackendConnectionError("a batch of calls was cut short; it may have run")
-                    )

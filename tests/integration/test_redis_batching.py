@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -22,7 +23,7 @@ from backburner.backends.redis import RedisBackend
 from backburner.backends.redis_batch import ScriptBatcher
 from backburner.backends.redis_link import Script
 from backburner.backends.redis_scripts import _BATCH_MAIN
-from backburner.errors import BackendError, LeaseLostError
+from backburner.errors import BackendConnectionError, BackendError, LeaseLostError
 from backburner.hooks import Hooks
 from backburner.models import Job, JobStatus
 
@@ -479,6 +480,31 @@ async def test_a_call_cancelled_before_its_batch_leaves_is_not_sent(
     assert done[0] == b"a" and done[2] == b"c"
     assert isinstance(done[1], asyncio.CancelledError)
     assert await client.lrange(engine._p + "echo", 0, -1) == [b"a", b"c"]
+
+
+async def test_a_batch_cancelled_before_its_first_step_fails_its_callers(
+    engine: RedisBackend, client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A task cancelled before it first runs never runs its body (no try/finally of its own):
+    # as when the loop shuts down right after a turn gathered calls.
+    batcher = await _echo_batcher(engine, max_batch=10)
+    first = asyncio.ensure_future(batcher.call(("a",)))
+    await asyncio.sleep(0)  # sent alone; its reply is still to come
+    create_task = asyncio.create_task
+
+    def created_cancelled(coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = create_task(coro, **kwargs)
+        task.cancel()
+        return task
+
+    monkeypatch.setattr(asyncio, "create_task", created_cancelled)
+    behind = [asyncio.ensure_future(batcher.call((w,))) for w in ["b", "c"]]
+    done = await asyncio.wait_for(asyncio.gather(*behind, return_exceptions=True), 10)
+    monkeypatch.undo()
+    assert [type(d) for d in done] == [BackendConnectionError, BackendConnectionError]
+    assert await first == b"a"
+    assert await client.lrange(engine._p + "echo", 0, -1) == [b"a"]
+    assert not batcher._sending
 
 
 async def test_a_retry_claimed_back_at_once_is_reported_as_queued(engine: RedisBackend) -> None:
