@@ -58,6 +58,9 @@ if not delayed then
   fields[#fields + 1] = '_tg'
   fields[#fields + 1] = string.format('%d', tag)
 end
+-- A type whose clock was there is in {bb}:types (the enqueue that opened it added it): the
+-- add follows the clock's write at once, so no error in between leaves a clock without it.
+if not known then redis.call('SADD', P .. 'types', ty) end
 -- Only a job with an idempotency key has a fingerprint to match (_fp), and progress 0 is what
 -- an absent _pp reads as: every field fewer costs each of the job's later writes and reads.
 if ik ~= '' then
@@ -88,7 +91,6 @@ join_flight(tenant, parent)
 redis.call('ZADD', P .. 'i:all', sq, id)
 redis.call('ZADD', nkey(tenant), sq, id)
 if parent then redis.call('ZADD', pkey(parent), sq, id) end
-if not known then redis.call('SADD', P .. 'types', ty) end -- (known: it is there)
 if claimed then
   reindex(id, ty, sq, nil, 'processing')
   end_idle(taker, reg_text, reg)
