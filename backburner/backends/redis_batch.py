@@ -89,7 +89,9 @@ class ScriptBatcher:
         self._sending.add(task)  # in flight from now: a call made before it starts gathers
         task.add_done_callback(functools.partial(self._sent, batch))
 
-    def _sent(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]], task: Any) -> None:
+    def _sent(
+        self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]], task: asyncio.Task[None]
+    ) -> None:
         self._sending.discard(task)
         # Cut short (the loop closing, or the batch cancelled before its first step, when its
         # body never runs): no caller waits forever.

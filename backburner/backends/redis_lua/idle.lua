@@ -9,7 +9,8 @@ for _, ty in ipairs(types) do
 end
 end_idle(wid)
 if #types > 0 then
-  local lapses = redis_now() + ttl
+  local _, now = redis_clock()
+  local lapses = now + ttl
   for _, ty in ipairs(types) do redis.call('ZADD', idlekey(ty), lapses, wid) end
   redis.call('HSET', IDLEW, wid, cjson.encode({t = types, j = wjson, l = lease_s}))
 end

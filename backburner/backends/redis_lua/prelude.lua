@@ -611,9 +611,13 @@ end
 local IDLEW = P .. 'idlew'
 local function idlekey(ty) return P .. 'idle:' .. ty end
 
-local function redis_now()
+-- Redis's clock, as text (seconds and six decimals) and as a number. Pass the text to
+-- commands: a number handed to redis.call is printed as a double (%.17g), and printing the
+-- seven numeric arguments of a hand-off was 4% of its instructions.
+local function redis_clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+  local text = t[1] .. '.' .. string.rep('0', 6 - #t[2]) .. t[2]
+  return text, tonumber(text)
 end
 
 -- End wid's registration; its registration as a table, or nil if it had none. text: the
@@ -643,11 +647,7 @@ local function idle_taker(ty, now)
   -- The registration that lapses last (one command when nobody waits: every busy enqueue).
   local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   if #newest == 0 then return nil end
-  -- Redis's time as text: a number handed to redis.call is printed as a double (%.17g), a
-  -- twentieth of a hand-off's instructions went to printing its seven numeric arguments.
-  local t = redis.call('TIME')
-  local clock_text = t[1] .. '.' .. string.rep('0', 6 - #t[2]) .. t[2]
-  local clock = tonumber(clock_text)
+  local clock_text, clock = redis_clock()
   for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', key, '-inf', clock_text, 'LIMIT', '0',
     '10')) do
     end_idle(lapsed) -- dead or gone
