@@ -111,9 +111,9 @@ async def _handed_one(
     await backend.stop_waiting(worker)
 
 
-async def _run_phases(port: int, jobs: int, handoffs: int) -> None:
+async def _run_phases(port: int, jobs: int, handoffs: int, functions: bool) -> None:
     """The workload, with the counts zeroed before each phase and dumped after it."""
-    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", prefix="bench")
+    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", prefix="bench", functions=functions)
     await backend.connect()
     try:
         worker = default_worker_id()  # a real id's length: the job hash's encoding depends on it
@@ -177,7 +177,7 @@ def _dumped(directory: Path) -> dict[str, int]:
 
 
 def measure(
-    server: str, port: int, jobs: int, handoffs: int, keep: Path | None
+    server: str, port: int, jobs: int, handoffs: int, keep: Path | None, functions: bool
 ) -> dict[str, object]:
     directory = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
     argv = [
@@ -191,7 +191,7 @@ def measure(
     ]
     with own_redis(argv, port) as client:
         version = str(client.info("server")["redis_version"])
-        asyncio.run(_run_phases(port, jobs, handoffs))
+        asyncio.run(_run_phases(port, jobs, handoffs, functions))
     counts = _dumped(directory)
     if keep is not None:
         shutil.copytree(directory, keep, dirs_exist_ok=True)
@@ -202,6 +202,7 @@ def measure(
         "redis_version": version,
         "jobs": jobs,
         "handoff_jobs": handoffs,
+        "scripts": "FCALL" if functions else "EVALSHA",
         "instructions_per_job": {
             phase: round(counts[phase] / (handoffs if phase in ("handoff", "single") else jobs))
             for phase in PHASES
@@ -219,19 +220,24 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=6391, help="its port (6391; never 6379)")
     parser.add_argument("--keep", type=Path, help="copy the callgrind dumps to this directory")
     parser.add_argument("--out", default=str(ROOT / "bench/results/redis-instructions.json"))
+    parser.add_argument(
+        "--eval", action="store_true", help="scripts by EVALSHA, not as the library's functions"
+    )
     args = parser.parse_args()
     if args.port == 6379:
         raise SystemExit("use a port of its own: 6379 is the machine's Redis")
     for tool in ("valgrind", "callgrind_control", args.redis_server):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found (valgrind: apt install valgrind)")
-    result = measure(args.redis_server, args.port, args.jobs, args.handoff_jobs, args.keep)
+    result = measure(
+        args.redis_server, args.port, args.jobs, args.handoff_jobs, args.keep, not args.eval
+    )
     result["date"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     per_job = result["instructions_per_job"]
     assert isinstance(per_job, dict)
     print(
         f"Redis {result['redis_version']}, {args.jobs} jobs"
-        f" ({args.handoff_jobs} handed off): instructions per job"
+        f" ({args.handoff_jobs} handed off, {result['scripts']}): instructions per job"
     )
     for phase in PHASES:
         print(f"  {phase:8} {per_job[phase]:>10,}")

@@ -58,7 +58,7 @@ from .redis_codec import (
 )
 from .redis_link import RedisLink, Script
 from .redis_reads import READ_SCRIPTS, RedisReads, text
-from .redis_scripts import BATCH_SUFFIX, load_batched_script, load_script
+from .redis_scripts import BATCH_SUFFIX, Library, load_batched_script, load_script
 from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
 from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
@@ -118,11 +118,22 @@ alternating runs); a worker's finishes gather (a batch shares one claim, and Red
 drain: about a fifth faster in two alternating series, half as many calls)."""
 
 
-def _load_scripts() -> dict[str, Script]:
+def _load_scripts() -> tuple[Library, dict[str, Script]]:
+    """The scripts, as Lua scripts and as the functions of one library (either runs)."""
+    library = Library(_SCRIPTS, {name: main for name, (main, _, _) in _BATCHED.items()})
     scripts = {name: load_script(name) for name in _SCRIPTS}
     for name, (main, _, _) in _BATCHED.items():
         scripts[name + BATCH_SUFFIX] = load_batched_script(name, main)
-    return scripts
+    for name, script in scripts.items():
+        script.function, script.library = library.function_name(name), library.source
+    return library, scripts
+
+
+def _lacks_functions(error: BackendError) -> bool:
+    """Whether FUNCTION LOAD failed for want of Redis Functions (Redis < 7, or an ACL or a
+    managed Redis that does not allow them): the scripts then go as EVALSHA."""
+    message = str(error)
+    return any(s in message for s in ("unknown command", "NOPERM", "unknown subcommand"))
 
 
 def _stored(object_json: str) -> dict[str, Any]:
@@ -190,7 +201,10 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         *,
         prefix: str = "bb",
         max_queue_size: int | None = None,
+        functions: bool = True,
     ) -> None:
+        """``functions``: run the scripts as Redis Functions where Redis has them (>= 7);
+        False, or a Redis without them, runs them by EVALSHA (the same scripts)."""
         if not prefix or any(c in prefix for c in "{}"):
             raise ConfigurationError(f"invalid Redis key prefix {prefix!r}: no braces, not empty")
         self.url = url
@@ -200,7 +214,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._tag_key = self._p + "seq"
         parts = urlsplit(url)
         self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
-        self._scripts = _load_scripts()
+        self.functions = functions
+        self._library, self._scripts = _load_scripts()
         self._next_claims = NextClaimTexts()
         self._batchers = {
             name: ScriptBatcher(
@@ -247,9 +262,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
-            layout, *_ = await asyncio.gather(
+            layout, _ = await asyncio.gather(
                 self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
-                *(self._link.call("SCRIPT", "LOAD", s.source) for s in self._scripts.values()),
+                self._load_code(self._link),
             )
             if not check_layout(layout, where):
                 # A new store, or one of an earlier layout: returns once up to date.
@@ -262,6 +277,24 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             raise
         self._wake = WakeChannel(self._blocking_pool, self._p + "wake", where=self._where)
         self._watcher = StreamWatcher(self._blocking_pool, self._link, self._p, where=self._where)
+
+    async def _load_code(self, link: RedisLink) -> None:
+        """Load the library (and call its functions from now on) or, failing that, the
+        scripts: a call then never waits for its code to load, but after a Redis restart."""
+        if self.functions:
+            try:
+                await link.load_library(self._library.source)
+                link.functions = True
+                return
+            except BackendError as exc:
+                if not _lacks_functions(exc):
+                    raise
+                log.info(
+                    "Redis at %s has no Redis Functions (%s): scripts by EVALSHA", link.where, exc
+                )
+        await asyncio.gather(
+            *(link.call("SCRIPT", "LOAD", s.source) for s in self._scripts.values())
+        )
 
     async def close(self) -> None:
         link, self._link = self._link, None

@@ -51,19 +51,30 @@ REPLY_TIMEOUT_S = 5.0
 dropped and its commands fail with BackendConnectionError."""
 
 
+FUNCTION_NOT_FOUND = "ERR Function not found"
+"""Redis's reply to FCALL of a function it has not loaded (restarted empty, FUNCTION FLUSH)."""
+
+
 def _reply_error(message: str) -> ResponseError:
-    if message.startswith("NOSCRIPT"):
+    if message.startswith(("NOSCRIPT", FUNCTION_NOT_FOUND)):
         return NoScriptError(message)
     return ResponseError(message)
 
 
 class Script:
-    """A Lua script called by its SHA1, loaded on first use (and again after a Redis restart)."""
+    """A Lua script called by its SHA1, loaded on first use (and again after a Redis restart).
 
-    def __init__(self, name: str, source: str) -> None:
+    ``function``: the name of the same script in the Redis Functions library ``library`` (its
+    source), called instead by a link whose Redis has loaded that library (RedisLink.functions)."""
+
+    def __init__(
+        self, name: str, source: str, *, function: str | None = None, library: str | None = None
+    ) -> None:
         self.name = name
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.function = function
+        self.library = library
 
 
 class _Pipe:
@@ -309,6 +320,8 @@ class RedisLink:
         self.where = where
         self.reply_timeout_s = reply_timeout_s
         self.started = False
+        self.functions = False
+        """Scripts go as FCALL of their library's functions (set once the library is loaded)."""
         self._lanes = [_Lane(self) for _ in range(max(1, connections))]
 
     def start(self) -> None:
@@ -332,14 +345,30 @@ class RedisLink:
     async def run(
         self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, read_only: bool = False
     ) -> Any:
-        """Run a script by SHA1, loading it if Redis does not know it yet (``read_only`` as
-        for call)."""
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        """Run a script (as its library's function, or by SHA1), loading it if Redis does
+        not know it yet (``read_only`` as for call)."""
+        library = script.library if self.functions else None
+        if library is not None and script.function is not None:
+            command: tuple[Arg, ...] = ("FCALL", script.function, len(keys), *keys, *args)
+        else:
+            library, command = None, ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             return await self.call(*command, read_only=read_only)
         except NoScriptError:
-            await self.call("SCRIPT", "LOAD", script.source)
+            if library is not None:
+                await self.load_library(library)
+            else:
+                await self.call("SCRIPT", "LOAD", script.source)
             return await self.call(*command, read_only=read_only)
+
+    async def load_library(self, source: str) -> None:
+        """FUNCTION LOAD a library; one of that name already loaded is the same code (its
+        name holds a digest of its source), so that is not an error."""
+        try:
+            await self.call("FUNCTION", "LOAD", source)
+        except BackendError as exc:
+            if "already exists" not in str(exc):
+                raise
 
     async def _send_one(self, args: tuple[Arg, ...]) -> Any:
         lanes = self._lanes

@@ -9,7 +9,9 @@ in their order.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from .redis_link import Script
@@ -103,3 +105,71 @@ def load_batched_script(name: str, main: str | None = None) -> Script:
         raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
     source = kept + "local function one(ARGV)\n" + body + "\nend\n" + main_text
     return Script(name + BATCH_SUFFIX, source)
+
+
+CALL_STATE = ("ARGV", "LATER")
+"""The prelude's locals that a call changes: each call of a library function starts them
+afresh (ARGV: the call's arguments, read by ``types_from``; LATER: finish_many's gathered
+writes, nil outside it), as each EVAL of a script did."""
+
+MAX_PREFIXES = 16
+"""Key prefixes a library keeps its helpers built for; one more starts the cache over."""
+
+_LIBRARY_CALL = f"""
+local built, count = {{}}, 0
+local function call(name, args)
+  local entry = built[args[1]]
+  if not entry then
+    if count >= {MAX_PREFIXES} then built, count = {{}}, 0 end
+    entry = {{build(args[1])}}
+    built[args[1]] = entry
+    count = count + 1
+  end
+  entry[1](args)
+  return entry[2][name](args)
+end
+"""
+
+
+class Library:
+    """A Redis Functions library of scripts (Redis >= 7: FUNCTION LOAD, then FCALL).
+
+    Redis compiles a library once, when it is loaded, and keeps what its top level defines:
+    the prelude's helpers are made once per key prefix (the first call with it) rather than on
+    every call, as a script's are. A script's body becomes a function of its ARGV, called by
+    ``FCALL <function_name(script)>`` with the same KEYS and ARGV as ``EVALSHA``. The library's
+    name holds a digest of its source: releases that differ load libraries that differ, side by
+    side, and a library of that name is the same code whoever loaded it."""
+
+    def __init__(self, names: Sequence[str], batched: Mapping[str, str | None]) -> None:
+        prelude = _lua("prelude")
+        defined = {name for names_, _ in _statements(prelude) for name in names_}
+        missing = [name for name in CALL_STATE if name != "ARGV" and name not in defined]
+        if missing:
+            raise ValueError(f"prelude lacks the call state {missing}")
+        parts = ["local function build(prefix)\nlocal ARGV = {prefix}\n", prelude, "local S = {}\n"]
+        self.scripts = [*names]
+        for name in names:
+            parts.append(f"S[{name!r}] = function(ARGV)\n{_lua(name)}\nend\n")
+        for name, main in batched.items():
+            if "types_from" in _names(trim_prelude(prelude, _lua(name))):
+                raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
+            main_text = _BATCH_MAIN if main is None else _lua(main)
+            parts.append(
+                f"do\nlocal one = S[{name!r}]\n"
+                f"S[{name + BATCH_SUFFIX!r}] = function(ARGV)\n{main_text}\nend\nend\n"
+            )
+            self.scripts.append(name + BATCH_SUFFIX)
+        resets = "; ".join(f"{n} = {'args' if n == 'ARGV' else 'nil'}" for n in CALL_STATE)
+        parts.append(f"local function enter(args) {resets} end\nreturn enter, S\nend\n")
+        body = "".join(parts)
+        self.name = "bb_" + hashlib.sha1(body.encode()).hexdigest()[:12]
+        registered = "".join(
+            f"redis.register_function('{self.function_name(n)}', "
+            f"function(keys, args) return call({n!r}, args) end)\n"
+            for n in self.scripts
+        )
+        self.source = f"#!lua name={self.name}\n" + body + _LIBRARY_CALL + registered
+
+    def function_name(self, script: str) -> str:
+        return f"{self.name}_{script}"

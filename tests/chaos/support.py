@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -200,8 +200,17 @@ async def wait_registered(app: Backburner, proc: subprocess.Popen[bytes], timeou
 class RedisServer:
     """A redis-server of our own on a free port, with its own dir (killable, restartable)."""
 
-    def __init__(self, directory: Path, *, appendonly: bool, port: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        appendonly: bool,
+        port: int | None = None,
+        config: Sequence[str] = (),
+    ) -> None:
+        """``config``: more arguments for redis-server (config lines, as ``--name value``)."""
         self.dir = directory
+        self.config = tuple(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.appendonly = appendonly
@@ -233,6 +242,7 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         else:
             args += ["--appendonly", "no"]
+        args += self.config
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pids.append(self.proc.pid)
         deadline = time.monotonic() + timeout

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from backburner.backends import redis_codec
 from backburner.backends.base import NewJob
-from backburner.backends.redis import _SCRIPTS
-from backburner.backends.redis_scripts import load_script, trim_prelude
+from backburner.backends.redis import _SCRIPTS, _load_scripts
+from backburner.backends.redis_scripts import CALL_STATE, load_script, trim_prelude
 from backburner.models import Job
 
 from ..conftest import REDIS_TEST_URL, require_redis
@@ -102,3 +103,42 @@ def test_a_job_document_reads_every_job_field_the_spec_does_not_hold() -> None:
         "lease_expires_at",
         "started_at",
     ]
+
+
+def test_no_script_changes_a_prelude_local_but_the_call_state() -> None:
+    # A library builds the prelude once per prefix and keeps it across calls: a helper or a
+    # script that assigned one of its locals would leave the next call that value, where each
+    # EVAL started afresh. CALL_STATE lists the ones a library resets on every call.
+    lua = Path(redis_codec.__file__).parent / "redis_lua"
+    prelude = (lua / "prelude.lua").read_text()
+    top = set()
+    for match in re.finditer(r"^local\s+(?:function\s+(\w+)|([\w\s,]+?)\s*=)", prelude, re.M):
+        top |= {n.strip() for n in (match.group(1) or match.group(2)).split(",")}
+    assigned = set()
+    for path in lua.glob("*.lua"):
+        for line in path.read_text().splitlines():
+            code = line.split("--")[0]
+            if re.match(r"\s*local\b", code):
+                continue
+            for name in top:
+                if re.search(rf"(^|[^.\w]){name}(\s*,\s*\w+)*\s*=[^=]", code):
+                    assigned.add(name)
+    assert assigned, "the check found none of the known assignments (LATER): it is broken"
+    assert assigned <= set(CALL_STATE) - {"ARGV"}
+
+
+async def test_the_library_loads_on_redis_with_a_function_per_script() -> None:
+    require_redis()
+    library, scripts = _load_scripts()
+    client = Redis.from_url(REDIS_TEST_URL)
+    try:
+        try:
+            assert await client.function_load(library.source) == library.name.encode()
+        except ResponseError as exc:
+            assert "already exists" in str(exc)
+    finally:
+        await client.aclose()
+    assert {s.function for s in scripts.values()} == {
+        library.function_name(name) for name in library.scripts
+    }
+    assert set(library.scripts) == set(scripts)
