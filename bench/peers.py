@@ -185,9 +185,9 @@ class Bench:
 
     def measure(self, scenario: str, peer: Peer, mode: str, run: Callable[[], Metrics]) -> None:
         row = self.row(scenario, peer.name, mode)
-        common.flush()
-        peer.reset()
         try:
+            common.flush()
+            peer.reset()
             metrics = run()
         except Exception as exc:  # one failed run must not stop the benchmark
             message = f"{type(exc).__name__}: {exc}"[:400]
@@ -484,7 +484,10 @@ def main() -> None:
         bench, peers = run(args.names, args.scenario_names, args.runs, sizes)
     finally:
         WorkerProcess.stop_all()
-        common.flush()
+        try:
+            common.flush()
+        except common.BenchError as exc:  # the figures are measured: write them all the same
+            print(f"warning: {exc}", file=sys.stderr)
     doc = {
         "meta": meta(args, sizes),
         "versions": versions(peers),

@@ -347,15 +347,15 @@ class RedisLink:
     ) -> Any:
         """Run a script (as its library's function, or by SHA1), loading it if Redis does
         not know it yet (``read_only`` as for call)."""
-        library = script.library if self.functions else None
-        if library is not None and script.function is not None:
-            command: tuple[Arg, ...] = ("FCALL", script.function, len(keys), *keys, *args)
+        library, function = script.library, script.function
+        if self.functions and library is not None and function is not None:
+            command: tuple[Arg, ...] = ("FCALL", function, len(keys), *keys, *args)
         else:
             library, command = None, ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             return await self.call(*command, read_only=read_only)
         except NoScriptError:
-            if library is not None:
+            if library is not None:  # (FCALL: the library is what Redis lacks)
                 await self.load_library(library)
             else:
                 await self.call("SCRIPT", "LOAD", script.source)

@@ -71,6 +71,14 @@ def load_script(name: str) -> Script:
 
 BATCH_SUFFIX = "_many"
 
+
+def _check_batchable(name: str, text: str) -> None:
+    """A script's batch form runs its body once per group, as a function of the group's ARGV:
+    ``text`` (the body and the prelude it uses) must not read the global ARGV."""
+    if "types_from" in _names(text):
+        raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
+
+
 _BATCH_MAIN = """
 -- The batch form: ARGV is P, n, then n groups of (their length, the script's ARGV after P).
 local out, at = {}, 3
@@ -101,8 +109,7 @@ def load_batched_script(name: str, main: str | None = None) -> Script:
     body = _lua(name)
     main_text = _BATCH_MAIN if main is None else _lua(main)
     kept = trim_prelude(_lua("prelude"), body + main_text)
-    if "types_from" in _names(kept + body):
-        raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
+    _check_batchable(name, kept + body)
     source = kept + "local function one(ARGV)\n" + body + "\nend\n" + main_text
     return Script(name + BATCH_SUFFIX, source)
 
@@ -152,8 +159,7 @@ class Library:
         for name in names:
             parts.append(f"S[{name!r}] = function(ARGV)\n{_lua(name)}\nend\n")
         for name, main in batched.items():
-            if "types_from" in _names(trim_prelude(prelude, _lua(name))):
-                raise ValueError(f"script {name!r} reads the global ARGV: it has no batch form")
+            _check_batchable(name, trim_prelude(prelude, _lua(name)) + _lua(name))
             main_text = _BATCH_MAIN if main is None else _lua(main)
             parts.append(
                 f"do\nlocal one = S[{name!r}]\n"
@@ -163,7 +169,9 @@ class Library:
         resets = "; ".join(f"{n} = {'args' if n == 'ARGV' else 'nil'}" for n in CALL_STATE)
         parts.append(f"local function enter(args) {resets} end\nreturn enter, S\nend\n")
         body = "".join(parts)
-        self.name = "bb_" + hashlib.sha1(body.encode()).hexdigest()[:12]
+        # Everything but the name itself, which the function names repeat.
+        digest = hashlib.sha1("\n".join([body, _LIBRARY_CALL, *self.scripts]).encode())
+        self.name = "bb_" + digest.hexdigest()[:12]
         registered = "".join(
             f"redis.register_function('{self.function_name(n)}', "
             f"function(keys, args) return call({n!r}, args) end)\n"

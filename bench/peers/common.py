@@ -60,10 +60,19 @@ def redis_client() -> redis.Redis:
     return client
 
 
-def flush() -> None:
-    """Empty db 8 (only db 8: never FLUSHALL)."""
-    with redis_client() as client:
-        client.flushdb()
+def flush(wait_s: float = 60.0) -> None:
+    """Empty db 8 (only db 8: never FLUSHALL). A Redis still full of a stopped peer's
+    connections (it closes them as it reads their ends) is given ``wait_s`` to let them go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with redis_client() as client:
+                client.flushdb()
+            return
+        except redis.ConnectionError as exc:
+            if "max number of clients" not in str(exc) or time.monotonic() > deadline:
+                raise BenchError(f"cannot empty db {REDIS_DB}: {exc}") from None
+            time.sleep(0.5)
 
 
 # -- worker processes --------------------------------------------------------------------------
