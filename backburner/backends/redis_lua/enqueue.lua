@@ -39,8 +39,7 @@ end
 local seq = redis.call('INCR', P .. 'seq')
 local sq = string.format('%012d', seq)
 local j, now = jkey(id), ARGV[11]
-local fields = {}
-for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
+local fields = {unpack(ARGV, 18)}
 -- The first event ("queued", seq 1) is not stored: read_events makes it from _ca. The job
 -- has no stream yet (_es '0'): it gets one when it needs one (prelude: event).
 local delayed, pq = ARGV[10] == '1', ARGV[8]
