@@ -84,8 +84,7 @@ _BATCH_MAIN = """
 local out, at = {}, 3
 for k = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[at])
-  local args = {ARGV[1]}
-  for x = 1, n do args[x + 1] = ARGV[at + x] end
+  local args = {ARGV[1], unpack(ARGV, at + 1, at + n)}
   -- A Lua error (not a refusal) fails its own group only: the groups before it stay applied.
   local ok, reply = pcall(one, args)
   if not ok then

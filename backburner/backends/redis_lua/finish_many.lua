@@ -10,8 +10,7 @@ local decoded = {} -- a next-claim argument -> it decoded (false: not one): a wo
 LATER = {} -- the groups' index and counter writes, made after the last group (write_later)
 for k = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[at])
-  local args = {ARGV[1]}
-  for x = 1, n do args[x + 1] = ARGV[at + x] end
+  local args = {ARGV[1], unpack(ARGV, at + 1, at + n)}
   local ask_json = args[9]
   args[9] = ''
   local ok, reply = pcall(one, args) -- a Lua error fails its own group only
