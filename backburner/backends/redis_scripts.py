@@ -4,7 +4,8 @@ Every script starts with ``redis_lua/prelude.lua``'s helpers. Redis runs a scrip
 text on every call, so each helper it defines costs every call a closure (measured: the full
 prelude made an otherwise empty script 4 to 5 times as costly). The loader keeps only the
 top-level statements of the prelude that the script uses, directly or through other helpers,
-in their order.
+in their order. Where Redis has Functions (7.0 on), the same scripts run as the functions of
+one library instead (``Library``), whose helpers are built once per key prefix.
 """
 
 from __future__ import annotations
