@@ -65,16 +65,15 @@ class Script:
     """A Lua script called by its SHA1, loaded on first use (and again after a Redis restart).
 
     ``function``: the name of the same script in the Redis Functions library ``library`` (its
-    source), called instead by a link whose Redis has loaded that library (RedisLink.functions)."""
+    source), called instead by a link whose Redis has loaded that library (RedisLink.functions);
+    None for a script that is in no library."""
 
-    def __init__(
-        self, name: str, source: str, *, function: str | None = None, library: str | None = None
-    ) -> None:
+    def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
-        self.function = function
-        self.library = library
+        self.function: str | None = None
+        self.library: str | None = None
 
 
 class _Pipe:
