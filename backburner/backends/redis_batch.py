@@ -5,8 +5,8 @@ flight, calls one script many times at once. Each call costs Redis a script invo
 caller a reply of its own; in one call of the script's batch form (``redis_scripts``) they cost
 one. A call made while none of the script's calls awaits Redis goes out at once, alone, so a
 lone caller waits for nothing. Calls made while one does gather and leave together when the
-turn ends. An ``eager`` batcher sends the first call of every turn at once, alone, and gathers
-the turn's later ones: Redis works on that one while the caller's loop makes the rest.
+turn ends. An ``eager`` batcher also sends the first of those at once, alone, and gathers the
+turn's later ones: Redis works on that one while the caller's loop makes the rest.
 """
 
 from __future__ import annotations
@@ -48,21 +48,30 @@ class ScriptBatcher:
         self._eager = eager
         self._batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] | None = None
         """The calls waiting for the end of this loop turn (None: no batch gathering)."""
+        self._flush_due = False
+        """Whether a flush will close ``_batch`` (not after a lone call: one is made when the
+        first call joins it)."""
         self._sending: set[asyncio.Task[None]] = set()
         """The batches flushed and not yet answered."""
         self._alone = 0
         """The calls sent alone and not yet answered."""
 
     async def call(self, args: tuple[Arg, ...]) -> Any:
-        if self._batch is None:
-            # The first call of this turn. It goes alone, at once, if it is eager or nothing of
-            # this script's awaits Redis; the turn's later calls gather (none may come: a lone
-            # caller's loop is then not asked to close a batch).
-            in_flight = bool(self._alone or self._sending)
-            gather = self._eager or in_flight
-            alone = self._eager or not in_flight
-            if gather:
+        batch = self._batch
+        if batch is None or not (batch or self._flush_due):
+            alone = not (self._alone or self._sending)
+            if alone:
+                # Nothing of this script awaits Redis: this call goes at once, alone. The
+                # turn's later calls gather, in a batch closed only if one comes: a lone
+                # caller's loop is not asked to close one (a loop turn per call).
                 self._batch = []
+            else:
+                # The first behind calls in flight. Its batch is closed when the turn ends; an
+                # eager batcher sends this one at once, alone, if the turn opened with it (not
+                # behind a lone call, maybe of this turn: those must go out in their order).
+                alone = self._eager and batch is None
+                self._batch = batch = [] if batch is None else batch
+                self._flush_due = True
                 asyncio.get_running_loop().call_soon(self._flush)
             if alone:
                 self._alone += 1
@@ -83,6 +92,7 @@ class ScriptBatcher:
     def _flush(self, *, turn_over: bool = True) -> None:
         batch = self._batch
         self._batch = None if turn_over else []
+        self._flush_due = not turn_over
         if not batch:
             return
         task = asyncio.create_task(self._send(batch), name="backburner:redis-batch")

@@ -245,7 +245,7 @@ async def test_full_batches_leave_at_once_and_each_call_gets_its_reply(
 
 @pytest.mark.parametrize("eager", [False, True], ids=["gathering", "eager"])
 async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_waits_unless_eager(
-    engine: RedisBackend, scripts_run: Counter[str], eager: bool
+    engine: RedisBackend, scripts_run: Counter[str], eager: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batcher = await _echo_batcher(engine, max_batch=10, eager=eager)
     turns_closed = 0
@@ -259,17 +259,42 @@ async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_waits_un
     batcher._flush = counted  # type: ignore[method-assign]
     for word in ("a", "b", "c"):  # one after the other: each alone
         assert await batcher.call((word,)) == word.encode()
-    # Gathering, a lone call leaves no batch to close; eager, every turn's first call does.
-    assert scripts_run == {"echo": 3} and turns_closed == (3 if eager else 0)
+    # A lone call leaves no batch to close, eager or not: its loop turn ends as it would.
+    assert scripts_run == {"echo": 3} and turns_closed == 0
+    # From here replies are held back until the gate opens: what is in flight stays in flight.
+    gate = asyncio.Event()
+    link = engine._conn()
+    run = link.run
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        reply = await run(*args, **kwargs)
+        await gate.wait()
+        return reply
+
+    monkeypatch.setattr(link, "run", held)
     first = asyncio.create_task(batcher.call(("d",)))
     await asyncio.sleep(0)  # sent alone; its reply is still to come
     second = asyncio.create_task(batcher.call(("e",)))  # a turn later, behind it
     third = asyncio.create_task(batcher.call(("f",)))  # and in the same turn as that one
-    assert [await first, await second, await third] == [b"d", b"e", b"f"]
-    if eager:  # the first call of each turn goes at once; the turn's later ones gather
-        assert scripts_run == {"echo": 5, "echo_many": 1}
-    else:  # behind a call in flight, the turn's calls gather
-        assert scripts_run == {"echo": 4, "echo_many": 1}
+    while not batcher._sending:  # e and f leave together when their turn ends
+        await asyncio.sleep(0)
+    fourth = asyncio.create_task(batcher.call(("g",)))  # a new turn, behind that batch
+    fifth = asyncio.create_task(batcher.call(("h",)))
+    await asyncio.sleep(0)
+    gate.set()
+    assert [await t for t in (first, second, third, fourth, fifth)] == [
+        b"d",
+        b"e",
+        b"f",
+        b"g",
+        b"h",
+    ]
+    # Behind a lone call the turn's calls gather, eager or not (they leave after it, in order).
+    # Behind a batch, an eager batcher sends the turn's first call at once; the rest gather.
+    if eager:
+        assert scripts_run == {"echo": 5, "echo_many": 2} and turns_closed == 2
+    else:
+        assert scripts_run == {"echo": 4, "echo_many": 2} and turns_closed == 2
 
 
 async def test_a_lua_error_fails_its_own_call_and_leaves_the_others_applied(
