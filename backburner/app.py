@@ -402,18 +402,27 @@ class Backburner:
         ``caller_traceparent``: the W3C trace context of the request that asked for the job
         (the API passes its ``traceparent`` header), for the job's spans to join. ``limits``
         False skips the tenant's quota (a pipeline's children: the pipeline was admitted)."""
+        if not self.tracing.enabled:  # no span to make: not even a no-op context's cost
+            new = self.build_job(task, input, traceparent=None, **options)
+            return await self._store(new, limits)
         with self.tracing.submit(task, caller_traceparent) as span:
             traceparent = self.tracing.current_traceparent()
-            new = self.build_job(task, input, traceparent=traceparent, **options)
-            await self.connect()
-            quota = self.tenants.policy(new.tenant).quota() if limits else None
-            job, created = await self.backend.enqueue(new, quota=quota)
+            job, created = await self._store(
+                self.build_job(task, input, traceparent=traceparent, **options), limits
+            )
             if span is not None:
                 span.set_attribute("backburner.task_id", job.task_id)
                 span.set_attribute("backburner.tenant", job.tenant)
-            if created:
-                await self.hooks.enqueue(job)
             return job, created
+
+    async def _store(self, new: NewJob, limits: bool) -> tuple[Job, bool]:
+        if not self._connected:
+            await self.connect()
+        quota = self.tenants.policy(new.tenant).quota() if limits else None
+        job, created = await self.backend.enqueue(new, quota=quota)
+        if created:
+            await self.hooks.enqueue(job)
+        return job, created
 
     # -- readers -----------------------------------------------------------------------------
     #
