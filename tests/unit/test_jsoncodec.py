@@ -1,0 +1,42 @@
+"""encode's short cuts write exactly what the JSON encoder writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from backburner.errors import InvalidInputError
+from backburner.jsoncodec import encode
+
+REFERENCE = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# Every ASCII character (controls, quote, backslash, DEL), and some that are not ASCII.
+ALPHABET = [chr(i) for i in range(0x80)] + ["é", "\u2028", "😀", "\ud800"]
+
+
+def test_strings_encode_as_the_json_encoder_writes_them() -> None:
+    rng = random.Random(5)
+    for _ in range(50_000):
+        text = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 8)))
+        assert encode(text) == REFERENCE.encode(text), repr(text)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["task_0123abcd", "", "a b", 'say "hi"', "back\\slash", "tab\there", "\x7f", {}, {"a": [1]}],
+)
+def test_common_values_encode_as_the_json_encoder_writes_them(value: object) -> None:
+    assert encode(value) == REFERENCE.encode(value)
+
+
+def test_a_str_subclass_and_what_json_cannot_hold() -> None:
+    class Name(str):
+        pass
+
+    assert encode(Name("x")) == '"x"'
+    with pytest.raises(InvalidInputError, match="input is not JSON-serialisable"):
+        encode({"x": math.nan}, "input")
+    with pytest.raises(InvalidInputError):
+        encode({1, 2})
