@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -326,9 +326,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             read_only=name in _SAFE_TO_REPEAT,
         )
 
-    async def _run_batched(self, name: str, *args: str | int | float) -> Any:
+    def _run_batched(self, name: str, *args: str | int | float) -> Awaitable[Any]:
         """Like _run, in one Redis call with the other calls of this loop turn."""
-        return await self._batchers[name].call(args)
+        return self._batchers[name].call(args)
 
     async def _read(self, *command: str | int | float) -> Any:
         return await self._conn().call(*command, read_only=True)

@@ -251,10 +251,16 @@ class _Lane:
         pipe = self.pipe
         return len(pipe.waiting) if pipe is not None and pipe.alive else 0
 
-    async def send(self, args: tuple[Arg, ...]) -> Any:
+    def send(self, args: tuple[Arg, ...]) -> Awaitable[Any]:
+        """The reply to ``args``: the pipe's future at once when the pipe is usable (no
+        coroutine of its own: every command pays for each layer it passes through)."""
         pipe = self.pipe
         if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
-            pipe = await self._usable_pipe()
+            return self._send_on_usable(args)
+        return pipe.send(args)
+
+    async def _send_on_usable(self, args: tuple[Arg, ...]) -> Any:
+        pipe = await self._usable_pipe()
         return await pipe.send(args)
 
     async def _usable_pipe(self) -> _Pipe:
@@ -369,12 +375,12 @@ class RedisLink:
             if "already exists" not in str(exc):
                 raise
 
-    async def _send_one(self, args: tuple[Arg, ...]) -> Any:
+    def _send_one(self, args: tuple[Arg, ...]) -> Awaitable[Any]:
         lanes = self._lanes
         lane = lanes[0]
         if len(lanes) > 1 and lane.load():
             lane = min(lanes, key=_Lane.load)
-        return await lane.send(args)
+        return lane.send(args)
 
 
 class Dedicated:
