@@ -18,7 +18,7 @@ def encode(value: Any, what: str = "value") -> str:
     """Compact JSON text; InvalidInputError for what JSON cannot hold (sets, NaN, objects)."""
     # The values a job is made of most often (ids, names, no input) need no encoder: a
     # printable ASCII string without quote or backslash is itself between quotes.
-    kind = value.__class__
+    kind = type(value)  # (not __class__, which a proxy may fake)
     if kind is str:
         if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
             return f'"{value}"'

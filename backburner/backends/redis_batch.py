@@ -5,8 +5,9 @@ flight, calls one script many times at once. Each call costs Redis a script invo
 caller a reply of its own; in one call of the script's batch form (``redis_scripts``) they cost
 one. A call made while none of the script's calls awaits Redis goes out at once, alone, so a
 lone caller waits for nothing. Calls made while one does gather and leave together when the
-turn ends. An ``eager`` batcher also sends the first of those at once, alone, and gathers the
-turn's later ones: Redis works on that one while the caller's loop makes the rest.
+turn ends. Behind a batch in flight, an ``eager`` batcher sends the first call of the turn at
+once, alone, and gathers the turn's later ones: Redis works on that one while the caller's
+loop makes the rest.
 """
 
 from __future__ import annotations
