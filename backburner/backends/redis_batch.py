@@ -71,7 +71,8 @@ class ScriptBatcher:
                 # eager batcher sends this one at once, alone, if the turn opened with it (not
                 # behind a lone call, maybe of this turn: those must go out in their order).
                 alone = self._eager and batch is None
-                self._batch = batch = [] if batch is None else batch
+                if batch is None:
+                    self._batch = []
                 self._flush_due = True
                 asyncio.get_running_loop().call_soon(self._flush)
             if alone:
