@@ -33,6 +33,10 @@ class Progress(BaseModel):
     message: str | None = None
 
 
+NO_PROGRESS = Progress()
+"""A job's progress until it reports some: one frozen instance that every such job shares."""
+
+
 class ErrorInfo(BaseModel):
     """Why an attempt or a job failed."""
 
@@ -79,7 +83,7 @@ class Job(BaseModel):
     finished_at: float | None = None
     attempts: int = 0
     max_attempts: int = 1
-    progress: Progress = Field(default_factory=Progress)
+    progress: Progress = NO_PROGRESS
     result: Any = None
     error: ErrorInfo | None = None
     usage: Usage | None = None
@@ -188,6 +192,27 @@ class WebhookDelivery(BaseModel):
 
 _M = TypeVar("_M", bound=BaseModel)
 
+_JOB_FIELDS = set(Job.model_fields)
+_RECORD_FIELDS = set(AttemptRecord.model_fields)
+
+
+def stored_job(document: str | bytes) -> Job:
+    """A Job from its stored JSON document (a backend's record, complete: a field it leaves out
+    holds its default), with every field counted as set and no progress as NO_PROGRESS.
+
+    Each record's set of the fields it was given is replaced by one set all stored jobs share:
+    of the set's own size (2.2 KB for a job's 20-odd fields), a worker running 10,000 jobs
+    held 22 MB. Sharing is safe as the models are frozen: nothing adds to the set in place
+    (pydantic's copies, and ``replaced``, make a new set)."""
+    job = Job.model_validate_json(document)
+    object.__setattr__(job, "__pydantic_fields_set__", _JOB_FIELDS)
+    progress = job.progress
+    if progress is not NO_PROGRESS and progress.percent == 0 and progress.message is None:
+        job.__dict__["progress"] = NO_PROGRESS  # (a record that spells the default out)
+    for record in job.history:
+        object.__setattr__(record, "__pydantic_fields_set__", _RECORD_FIELDS)
+    return job
+
 
 def replaced(model: _M, update: Mapping[str, Any]) -> _M:
     """What ``model.model_copy(update=update)`` returns (a shallow copy with ``update`` applied,
@@ -199,9 +224,10 @@ def replaced(model: _M, update: Mapping[str, Any]) -> _M:
     members = model.__dict__.copy()
     members.update(update)
     object.__setattr__(copied, "__dict__", members)
-    object.__setattr__(
-        copied, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys()
-    )
+    fields_set = model.__pydantic_fields_set__
+    if fields_set is not _JOB_FIELDS:  # (a stored job's set has every field: keep sharing it)
+        fields_set = fields_set | update.keys()
+    object.__setattr__(copied, "__pydantic_fields_set__", fields_set)
     object.__setattr__(copied, "__pydantic_extra__", None)
     object.__setattr__(copied, "__pydantic_private__", None)
     return copied

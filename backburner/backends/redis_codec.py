@@ -24,7 +24,7 @@ import json
 from typing import Any
 
 from ..jsoncodec import encode
-from ..models import Event, Job, WebhookDelivery
+from ..models import Event, Job, WebhookDelivery, stored_job
 from .base import NewJob, NextClaim
 
 
@@ -89,12 +89,12 @@ def new_job_fields(job: NewJob, run_at: str, ttl_s: str) -> list[str]:
 
 def decode_job(document: bytes) -> Job:
     """A Job from the JSON document a script builds (``read_job`` in redis_lua/prelude.lua)."""
-    return Job.model_validate_json(document)
+    return stored_job(document)
 
 
 def decode_jobs(documents: list[Any]) -> list[Job]:
     """Jobs from a script's list of documents (jobs that vanished are false, so skipped)."""
-    return [Job.model_validate_json(document) for document in documents if document]
+    return [stored_job(document) for document in documents if document]
 
 
 def decode_webhooks(documents: list[Any]) -> list[WebhookDelivery]:

@@ -7,7 +7,7 @@ import sqlite3
 from typing import Any
 
 from ..errors import BackendError
-from ..models import Job
+from ..models import Job, stored_job
 
 SCHEMA_VERSION = 1
 
@@ -381,4 +381,4 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
 
 def row_to_job(row: tuple[Any, ...]) -> Job:
     """The Job of a row selected with COLUMNS (validated by pydantic-core from JSON)."""
-    return Job.model_validate_json(row[JOB])
+    return stored_job(row[JOB])

@@ -1,4 +1,5 @@
-"""``replaced``: the worker's fast ``model_copy(update=...)`` must give what model_copy gives."""
+"""``replaced``: the worker's fast ``model_copy(update=...)`` must give what model_copy gives;
+``stored_job``: a stored job shares its set of fields and its default progress."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import pydantic
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from backburner.models import AttemptRecord, ErrorInfo, Job, JobStatus, Progress, replaced
+from backburner.models import (
+    NO_PROGRESS,
+    AttemptRecord,
+    ErrorInfo,
+    Job,
+    JobStatus,
+    Progress,
+    replaced,
+    stored_job,
+)
 
 
 def a_job() -> Job:
@@ -63,3 +73,26 @@ def test_a_model_with_extra_members_takes_model_copy() -> None:
     copied = replaced(loose, {"a": 3})
     assert copied.a == 3 and copied.model_extra == {"b": 2}
     assert copied.model_extra is not loose.model_extra
+
+
+def test_stored_jobs_share_one_set_of_fields_which_no_copy_changes() -> None:
+    job = a_job()
+    first = stored_job(job.model_dump_json())
+    second = stored_job(job.model_dump_json(exclude={"history", "progress", "worker_id"}))
+    assert first == job
+    assert first.model_fields_set == set(Job.model_fields)
+    assert first.model_fields_set is second.model_fields_set
+    assert first.history[0].model_fields_set == set(AttemptRecord.model_fields)
+    shared = set(first.model_fields_set)
+    copied = first.model_copy(update={"status": JobStatus.COMPLETED})
+    fast = replaced(first, {"status": JobStatus.COMPLETED, "finished_at": 3.0})
+    assert copied.status == fast.status == JobStatus.COMPLETED
+    assert first.model_fields_set == shared and first.status == JobStatus.PROCESSING
+    assert fast.model_fields_set == shared and copied.model_fields_set == shared
+
+
+def test_a_stored_job_without_progress_shares_the_default() -> None:
+    job = stored_job(a_job().model_dump_json(exclude={"progress"}))
+    assert job.progress is NO_PROGRESS
+    assert job.progress == Progress() and job.model_dump()["progress"] == Progress().model_dump()
+    assert stored_job(a_job().model_dump_json()).progress == Progress()

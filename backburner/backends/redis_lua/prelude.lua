@@ -210,10 +210,15 @@ local function read_job(id, claimed, spec, written)
     local value = v[i - o]
     if value then parts[#parts + 1] = ',"' .. DOC_FIELDS[i] .. '":' .. value end
   end
-  parts[#parts + 1] = ',"progress":{"percent":' .. (v[n + 1 - o] or '0')
-  if v[n + 2 - o] then parts[#parts + 1] = ',"message":' .. v[n + 2 - o] end
+  -- A job that has reported no progress leaves it out: it parses as the one shared default.
+  local percent, message = v[n + 1 - o], v[n + 2 - o]
+  if percent or message then
+    parts[#parts + 1] = ',"progress":{"percent":' .. (percent or '0')
+    if message then parts[#parts + 1] = ',"message":' .. message end
+    parts[#parts + 1] = '}'
+  end
   local closed, current = v[n + 3 - o] or '', claimed and claimed[7] or v[n + 4 - o]
-  parts[#parts + 1] = '},"history":[' .. closed
+  parts[#parts + 1] = ',"history":[' .. closed
   if current then
     if closed ~= '' then parts[#parts + 1] = ',' end
     parts[#parts + 1] = current .. '}'
