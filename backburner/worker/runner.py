@@ -63,6 +63,8 @@ class Worker:
         """Enforces the attempts' long timeouts (the default is an hour)."""
         self.dispatcher = WebhookDispatcher(app)
         """Delivers the webhook outbox while this worker runs."""
+        self._on_stored = self._stored  # (bound once: every attempt shares them)
+        self._on_ended = self._finished
 
     # -- control -----------------------------------------------------------------------------
 
@@ -313,24 +315,32 @@ class Worker:
         refill = None
         if not self._stopping.is_set() and len(self._finishing) < self.concurrency:
             refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
-        attempt = Attempt(job, registered=time.monotonic(), refill=refill, timeouts=self.timeouts)
-        attempt.on_stored = lambda stored: self._stored(key, stored, refill)
+        attempt = Attempt(
+            job,
+            registered=time.monotonic(),
+            refill=refill,
+            refilled=refill,
+            on_stored=self._on_stored,
+            timeouts=self.timeouts,
+            on_ended=self._on_ended,
+        )
         self.running[key] = attempt
-        attempt.task = asyncio.create_task(
+        task = attempt.task = asyncio.create_task(
             execute(self.app, attempt), name=f"backburner:{job.task_id}"
         )
-        attempt.task.add_done_callback(lambda done: self._finished(key, done, refill))
+        task.add_done_callback(attempt.ended)
 
-    def _stored(self, key: tuple[str, int], attempt: Attempt, refill: NextClaim | None) -> None:
+    def _stored(self, attempt: Attempt) -> None:
         """Its outcome is written: its slot goes to what the write claimed (before the claim
         loop sees it free), while it runs its hooks on the side. Once hooks run beside as many
         jobs as the worker runs, it keeps its slot until its hooks end: slow hooks slow the
         worker down rather than pile up."""
+        key = (attempt.job.task_id, attempt.job.fence)
         if len(self._finishing) < self.concurrency and self.running.pop(key, None) is not None:
             if attempt.task is not None:
                 self._finishing.add(attempt.task)
             self._slot_freed.set()
-        self._take_claimed(refill)
+        self._take_claimed(attempt.refilled)
 
     def _take_claimed(self, refill: NextClaim | None) -> None:
         """Start (or hand back) what a finish claimed for us, once."""
@@ -339,17 +349,17 @@ class Worker:
             for job in jobs:
                 self._take(job)
 
-    def _finished(
-        self, key: tuple[str, int], task: asyncio.Task[None], refill: NextClaim | None
-    ) -> None:
+    def _finished(self, attempt: Attempt) -> None:
+        task = attempt.task
+        assert task is not None
         self._finishing.discard(task)
-        if self.running.pop(key, None) is not None:
+        if self.running.pop((attempt.job.task_id, attempt.job.fence), None) is not None:
             self._slot_freed.set()
         # A write that claimed jobs and then failed (its reply unreadable, say) never got to
         # _stored: those jobs are ours all the same.
-        self._take_claimed(refill)
+        self._take_claimed(attempt.refilled)
         if not task.cancelled() and task.exception() is not None:
-            log.error("job %s: worker bug", key[0], exc_info=task.exception())
+            log.error("job %s: worker bug", attempt.job.task_id, exc_info=task.exception())
 
     # -- background duties -------------------------------------------------------------------
 
