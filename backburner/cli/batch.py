@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..models import JobStatus
 from .common import UrlOption, err, fail, print_json
@@ -82,6 +81,14 @@ def submit(
 
 def _follow(client: Any, submitted: Any) -> Any:
     """Poll the batch until it ends, with a progress bar of requests done (on stderr)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -9,17 +9,19 @@ import json
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..app import Backburner
 from ..backends import backend_from_url
 from ..errors import BackburnerError, ConfigurationError
 from ..models import JobStatus
 from ..settings import Settings
+
+if TYPE_CHECKING:  # rich is imported where the CLI draws: `worker` and `api` never do (2.5 MB)
+    from rich.console import Console
+    from rich.table import Table
 
 T = TypeVar("T")
 
@@ -52,10 +54,14 @@ COLOURS = {
 
 
 def out() -> Console:
+    from rich.console import Console
+
     return Console()
 
 
 def err() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True)
 
 
@@ -165,6 +171,8 @@ def load_app(path: str | None, settings: Settings, backend: str | None = None) -
 
 def job_table(jobs: list[Any]) -> Table:
     """A table of jobs (library Jobs or API task views: the same field names)."""
+    from rich.table import Table
+
     table = Table("task_id", "type", "status", "attempts", "progress", "result / error")
     for job in jobs:
         outcome = ""

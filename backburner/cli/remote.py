@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import BackburnerError
 from ..models import JobStatus
@@ -88,6 +87,8 @@ def _print_tokens(client: Any, task_id: str) -> None:
 
 
 def _progress_bar(client: Any, task_id: str) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.live import Live
 
 from ..app import Backburner
 from ..errors import BackburnerError
@@ -333,6 +332,8 @@ async def _demo(bb: Backburner, count: int) -> None:
         ids.append((await bb.enqueue("flaky_call", {"fail_times": 1})).task_id)
         ids.append((await bb.enqueue("broken_call", {})).task_id)
         console.print(f"backend: [bold]{bb.settings.backend_url}[/]  worker: {worker.worker_id}")
+        from rich.live import Live
+
         with Live(console=console, refresh_per_second=10) as live:
             while True:
                 current = [await bb.get(task_id) for task_id in ids]

@@ -15,8 +15,6 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-import httpx
-
 from ..backends.outbox import new_msg_id
 from ..hooks import Hooks
 from ..models import Job
@@ -53,6 +51,8 @@ class DeadLetterAlerts(Hooks):
     """Posts ``task.dead_lettered`` to ``admin_webhook_url`` for each job that fails for good."""
 
     def __init__(self, app: Backburner, url: str) -> None:
+        import httpx  # (only where alerts are configured: a worker without saves 4 MB)
+
         settings = app.settings
         self.url = url
         self.secrets = (settings.webhook_secret or "").split()

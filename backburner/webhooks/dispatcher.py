@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from ..aio import wait_set
 from ..errors import BackburnerError, UnsafeURLError
 from ..hooks import Hooks
@@ -38,6 +36,8 @@ from .signing import sign
 from .ssrf import Resolver, check_url, pinned_request_args, resolve_safe
 
 if TYPE_CHECKING:
+    import httpx
+
     from ..app import Backburner
 
 log = logging.getLogger("backburner.webhooks")

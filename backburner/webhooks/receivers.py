@@ -14,10 +14,12 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-
-import httpx
+from typing import TYPE_CHECKING
 
 from .ssrf import ParsedTarget
+
+if TYPE_CHECKING:  # (imported at the first delivery: a worker that sends none saves 4 MB)
+    import httpx
 
 PER_RECEIVER = 8
 """Connections (and requests in flight) to one receiver at a time."""
@@ -74,6 +76,8 @@ class ReceiverPool:
         key = (target.scheme, target.host, target.port)
         receiver = self._receivers.get(key)
         if receiver is None:
+            import httpx
+
             client = httpx.AsyncClient(
                 transport=self._transport,
                 follow_redirects=False,
