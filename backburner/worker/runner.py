@@ -309,7 +309,6 @@ class Worker:
     # -- one job -----------------------------------------------------------------------------
 
     def _start(self, job: Job) -> None:
-        key = (job.task_id, job.fence)
         # Its outcome's write claims the job that takes its slot next: while the queue has
         # work, a busy worker makes no claims of its own.
         refill = None
@@ -324,7 +323,7 @@ class Worker:
             timeouts=self.timeouts,
             on_ended=self._on_ended,
         )
-        self.running[key] = attempt
+        self.running[attempt.key] = attempt
         task = attempt.task = asyncio.create_task(
             execute(self.app, attempt), name=f"backburner:{job.task_id}"
         )
@@ -335,8 +334,10 @@ class Worker:
         loop sees it free), while it runs its hooks on the side. Once hooks run beside as many
         jobs as the worker runs, it keeps its slot until its hooks end: slow hooks slow the
         worker down rather than pile up."""
-        key = (attempt.job.task_id, attempt.job.fence)
-        if len(self._finishing) < self.concurrency and self.running.pop(key, None) is not None:
+        if (
+            len(self._finishing) < self.concurrency
+            and self.running.pop(attempt.key, None) is not None
+        ):
             if attempt.task is not None:
                 self._finishing.add(attempt.task)
             self._slot_freed.set()
@@ -353,7 +354,7 @@ class Worker:
         task = attempt.task
         assert task is not None
         self._finishing.discard(task)
-        if self.running.pop((attempt.job.task_id, attempt.job.fence), None) is not None:
+        if self.running.pop(attempt.key, None) is not None:
             self._slot_freed.set()
         # A write that claimed jobs and then failed (its reply unreadable, say) never got to
         # _stored: those jobs are ours all the same.
