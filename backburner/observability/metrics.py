@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
-
 from ..hooks import Hooks
 from ..models import ErrorInfo, Job, JobStatus
 from .series import CounterFamily, Families, GaugeFamily, HistogramFamily
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ..backends.base import Backend
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -40,8 +40,8 @@ class Metrics:
     """Every metric backburner exports, on its own registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        families = Families()
+        self._registry: CollectorRegistry | None = None
+        families = self._families = Families()
 
         def counter(name: str, doc: str, labels: tuple[str, ...]) -> CounterFamily:
             return families.add(CounterFamily(name, doc, labels))
@@ -127,7 +127,18 @@ class Metrics:
         )
         self.families = families.families
         """Every metric above, in the order they are exported."""
-        families.register(self.registry)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The prometheus_client registry that exports these metrics, made on first use (a
+        process nobody scrapes never imports prometheus_client)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry()
+            self._families.register(registry)
+            self._registry = registry
+        return self._registry
 
     def hook(self) -> Hooks:
         """The lifecycle hook that feeds the counters and histograms."""
@@ -151,6 +162,8 @@ class Metrics:
 
     def render(self) -> bytes:
         """The text exposition of every metric."""
+        from prometheus_client import generate_latest
+
         return generate_latest(self.registry)
 
 

@@ -6,6 +6,9 @@ that cost a no-op job a tenth of its worker's time. Here a series is plain attri
 from the event loop's thread; a scrape (from any thread: the worker's metrics server runs in
 one) reads them as it collects. Each family exports what the prometheus_client metric of its
 name and kind would, sample for sample.
+
+prometheus_client is imported by the first collect, not before: a process nobody scrapes (a
+worker without ``--metrics-port``) never loads it and its HTTP server's modules (~2.5 MB).
 """
 
 from __future__ import annotations
@@ -14,16 +17,13 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
-from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector, CollectorRegistry
 
 _S = TypeVar("_S")
-_go_float: Callable[[float], str] = floatToGoString
-"""How prometheus_client writes a bucket's bound (1 as "1.0")."""
 _F = TypeVar("_F", bound="_Family[Any]")
 
 
@@ -96,6 +96,9 @@ class CounterFamily(_Family[CounterSeries]):
         self.labels().inc(amount)
 
     def collect(self, created: bool) -> Metric:
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.samples import Sample
+
         metric = Metric(self.name, self.documentation, self.kind)
         for labels, series in self._snapshot():
             metric.samples.append(Sample(self.name + "_total", labels, series.value))
@@ -125,6 +128,9 @@ class GaugeFamily(_Family[GaugeSeries]):
         self.labels().set(value)
 
     def collect(self, created: bool) -> Metric:
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.samples import Sample
+
         metric = Metric(self.name, self.documentation, self.kind)
         for labels, series in self._snapshot():
             metric.samples.append(Sample(self.name, labels, series.value))
@@ -162,7 +168,9 @@ class HistogramFamily(_Family[HistogramSeries]):
         if not bounds or list(bounds) != sorted(bounds):
             raise ValueError("a histogram needs buckets, in increasing order")
         self.bounds = bounds
-        self._le = (*(_go_float(b) for b in bounds), "+Inf")
+        self._le: tuple[str, ...] = ()
+        """Each bucket's ``le`` label as prometheus_client writes it (1 as "1.0"), from the first
+        collect."""
         super().__init__(name, documentation, labelnames)
 
     def _new(self) -> HistogramSeries:
@@ -173,6 +181,13 @@ class HistogramFamily(_Family[HistogramSeries]):
         self.labels().observe(amount)
 
     def collect(self, created: bool) -> Metric:
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.samples import Sample
+        from prometheus_client.utils import floatToGoString
+
+        if not self._le:
+            go_float: Callable[[float], str] = floatToGoString  # (untyped in its package)
+            self._le = (*(go_float(b) for b in self.bounds), "+Inf")
         metric = Metric(self.name, self.documentation, self.kind)
         add = metric.samples.append
         for labels, series in self._snapshot():
@@ -188,8 +203,9 @@ class HistogramFamily(_Family[HistogramSeries]):
         return metric
 
 
-class Families(Collector):
-    """Families collected in the order they were added; ``register`` them once all are."""
+class Families:
+    """Families collected in the order they were added; ``register`` them once all are (a
+    prometheus_client Collector, duck-typed: its base class would import prometheus_client)."""
 
     def __init__(self) -> None:
         self.families: list[_Family[Any]] = []
@@ -201,7 +217,7 @@ class Families(Collector):
 
     def register(self, registry: CollectorRegistry) -> None:
         """Add them to ``registry`` (which reads their names now: add every family first)."""
-        registry.register(self)
+        registry.register(cast("Collector", self))
 
     def collect(self) -> Iterator[Metric]:
         for family in self.families:
@@ -209,4 +225,6 @@ class Families(Collector):
 
     def describe(self) -> list[Metric]:
         # (the registry checks names for duplicates with this, without collecting)
+        from prometheus_client.metrics_core import Metric
+
         return [Metric(f.name, f.documentation, f.kind) for f in self.families]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,34 +25,36 @@ class Tracing:
     """Makes backburner's spans on ``provider`` (None: OpenTelemetry's global provider)."""
 
     def __init__(self, provider: Any = None) -> None:
-        try:
-            from opentelemetry import trace
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
-        except ImportError:
-            self._tracer: Any = None
-            return
-        self._trace = trace
+        self._provider = provider
         self._explicit = provider is not None
-        self._global_set = False
-        self._tracer = trace.get_tracer(SCOPE, tracer_provider=provider)
-        self._propagator = TraceContextTextMapPropagator()
+        self._tracer: Any = None
+        self._loaded = False
+        """OpenTelemetry is imported once spans would go somewhere, not before (its API is
+        ~0.5 MB in every process that has the extra but exports nothing)."""
 
     @property
     def enabled(self) -> bool:
         """True when spans go somewhere: a provider was given, or OpenTelemetry's global one
         was set. Otherwise every span would be dropped, so none is made (a job costs ~10%
         less worker time than making no-op spans)."""
-        if self._tracer is None:
-            return False
-        if self._explicit:
-            return True
-        if not self._global_set:
-            # OpenTelemetry's global provider can be set once; until then this is None.
-            # (get_tracer_provider() would read os.environ on every call.)
-            self._global_set = getattr(self._trace, "_TRACER_PROVIDER", None) is not None
-        return self._global_set
+        if not self._loaded:
+            if not (self._explicit or _global_provider_set()):
+                return False
+            self._load()
+        return self._tracer is not None
+
+    def _load(self) -> None:
+        self._loaded = True
+        try:
+            from opentelemetry import trace
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
+        except ImportError:
+            return
+        self._trace = trace
+        self._tracer = trace.get_tracer(SCOPE, tracer_provider=self._provider)
+        self._propagator = TraceContextTextMapPropagator()
 
     def current_traceparent(self) -> str | None:
         """The W3C ``traceparent`` of the current span (None if there is none)."""
@@ -166,6 +169,13 @@ class Tracing:
             },
         ) as span:
             yield span
+
+
+def _global_provider_set() -> bool:
+    """Whether OpenTelemetry's global tracer provider is set (it can be set once). Only code
+    that imported opentelemetry.trace can have set it; until then it is None."""
+    trace = sys.modules.get("opentelemetry.trace")
+    return trace is not None and getattr(trace, "_TRACER_PROVIDER", None) is not None
 
 
 def _job_attributes(job: Job) -> dict[str, Any]:
