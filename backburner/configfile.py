@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,13 @@ def load_config(source: str, *, what: str, variable: str) -> dict[str, Any]:
                 f"cannot read the {what} file {path}: {exc.strerror}"
             ) from None
         try:
-            data = json.loads(body) if path.suffix == ".json" else tomllib.loads(body)
-        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            if path.suffix == ".json":
+                data = json.loads(body)
+            else:
+                import tomllib  # (its parser, only for a TOML file)
+
+                data = tomllib.loads(body)
+        except ValueError as exc:  # (TOMLDecodeError is one)
             raise ConfigurationError(f"the {what} file {path} is not valid: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"the {what} config must be a table")

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import idna
-
 from ..errors import UnsafeURLError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -239,6 +237,8 @@ def _normalise_name(raw: str) -> str:
     if not host:
         raise UnsafeURLError("webhook_url has no host")
     if not host.isascii():
+        import idna  # (its tables, only for a name that needs them)
+
         try:
             host = idna.encode(host, uts46=True).decode("ascii")
         except (idna.IDNAError, UnicodeError) as exc:
