@@ -75,6 +75,11 @@ class BackendConnectionError(BackendError):
     Repeating a read is safe; a write must be checked or be harmless to repeat."""
 
 
+class NotPrimaryError(BackendConnectionError):
+    """The Redis answered as a replica (``READONLY``): a failover made another one the primary.
+    Nothing was written; the connection is dropped and the next one goes to the new primary."""
+
+
 class InvalidInputError(BackburnerError):
     """An argument of enqueue (or a similar call) is invalid. Nothing was stored."""
 

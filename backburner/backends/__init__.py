@@ -6,6 +6,7 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError, MissingDependencyError
 from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats
+from .urls import SENTINEL_SCHEMES, parse_sentinel_url, redacted
 
 __all__ = [
     "Backend",
@@ -24,11 +25,15 @@ _SQLITE_OPTIONS = {"synchronous", "poll_interval_ms"}
 
 
 def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
-    """Make a backend from a URL: ``sqlite:///path.db``, ``redis://host:6379/0``, ``memory://``.
+    """Make a backend from a URL: ``sqlite:///path.db``, ``redis://host:6379/0``,
+    ``redis+sentinel://host:26379/service/0`` (backends/urls.py), ``memory://``.
 
     Engines are imported lazily, so a URL names only what it needs installed.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # (an unclosed [IPv6 address)
+        raise ConfigurationError(f"invalid backend URL {redacted(url)!r}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme == "memory":
         from .memory import MemoryBackend
@@ -62,12 +67,13 @@ def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
             synchronous=options.get("synchronous", "NORMAL"),
             poll_interval_s=poll_ms / 1000,
         )
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", *SENTINEL_SCHEMES):
         return _redis_backend(url, max_queue_size)
     if scheme in ("postgresql", "postgres"):
         raise ConfigurationError(f"the {scheme}:// backend is not available yet")
     raise ConfigurationError(
-        f"unknown backend URL {url!r}: expected sqlite:///path.db, redis://host:6379/0 or memory://"
+        f"unknown backend URL {redacted(url)!r}: expected sqlite:///path.db, "
+        "redis://host:6379/0, redis+sentinel://host:26379/service/0 or memory://"
     )
 
 
@@ -84,9 +90,12 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefix = [value for key, value in query if key == "prefix"]
     rest = urlencode([(key, value) for key, value in query if key != "prefix"])
-    if parts.path not in ("", "/") and not parts.path[1:].isdigit():
+    if parts.scheme.lower() in SENTINEL_SCHEMES:
+        parse_sentinel_url(url)  # a URL that is not valid is refused here, not at connect()
+    elif parts.path not in ("", "/") and not parts.path[1:].isdigit():
         raise ConfigurationError(
-            f"invalid Redis URL {url!r}: the path is a database number, as in redis://host:6379/0"
+            f"invalid Redis URL {redacted(url)!r}: the path is a database number, as in "
+            "redis://host:6379/0"
         )
     return RedisBackend(
         urlunsplit(parts._replace(query=rest)),

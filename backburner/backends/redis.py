@@ -15,7 +15,6 @@ import json
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 from pydantic_core import from_json
 
@@ -56,6 +55,7 @@ from .redis_codec import (
     number,
     priority_code,
 )
+from .redis_endpoint import RedisEndpoint
 from .redis_link import RedisLink, Script
 from .redis_reads import READ_SCRIPTS, RedisReads, text
 from .redis_scripts import BATCH_SUFFIX, Library, load_batched_script, load_script
@@ -190,7 +190,8 @@ def _finished(
 
 
 class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
-    """Backend on Redis (``redis://host:6379/0?prefix=bb``; ``rediss://`` for TLS)."""
+    """Backend on Redis (``redis://host:6379/0?prefix=bb``; ``rediss://`` for TLS; the
+    primary Sentinels name by ``redis+sentinel://host:26379/service/0``: backends/urls.py)."""
 
     upgrade_batch = UPGRADE_BATCH
     """Jobs per script when connect() upgrades a store of an earlier key layout."""
@@ -212,8 +213,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self.max_queue_size = max_queue_size
         self._p = "{" + prefix + "}:"
         self._tag_key = self._p + "seq"
-        parts = urlsplit(url)
-        self._where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        self._endpoint = RedisEndpoint(url)
+        self._where = self._endpoint.where
         self.functions = functions
         self._library, self._scripts = _load_scripts()
         self._next_claims = NextClaimTexts()
@@ -248,16 +249,14 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 await self._connect()
 
     async def _connect(self) -> None:
-        from redis.asyncio import ConnectionPool
-
         options: dict[str, Any] = {
             "socket_connect_timeout": 5.0,
             "socket_timeout": 5.0,  # a Redis that stops answering is an error after 5 s
             "health_check_interval": 0,
             "protocol": 2,  # the replies this module parses are RESP2 shapes
         }
-        self._pool = ConnectionPool.from_url(self.url, **options)
-        self._blocking_pool = ConnectionPool.from_url(self.url, **options)
+        self._pool = self._endpoint.pool(**options)
+        self._blocking_pool = self._endpoint.pool(**options)
         self._link = RedisLink(self._pool, where=self._where)
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
@@ -277,6 +276,16 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             raise
         self._wake = WakeChannel(self._blocking_pool, self._p + "wake", where=self._where)
         self._watcher = StreamWatcher(self._blocking_pool, self._link, self._p, where=self._where)
+        self._endpoint.watch_failovers(self._primary_moved)
+
+    async def _primary_moved(self, reason: str) -> None:
+        """A failover: every connection is dropped, so each opens again on the new primary."""
+        log.warning("Redis at %s: %s; reconnecting", self._where, reason)
+        if self._link is not None:
+            await self._link.reconnect(reason)
+        for reader in (self._wake, self._watcher):
+            if reader is not None:
+                await reader.reconnect()
 
     async def _load_code(self, link: RedisLink) -> None:
         """Load the library (and call its functions from now on) or, failing that, the
@@ -297,6 +306,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         )
 
     async def close(self) -> None:
+        await self._endpoint.close()  # (first: no failover starts reconnecting what closes)
         link, self._link = self._link, None
         wake, self._wake = self._wake, None
         if wake is not None:
@@ -627,7 +637,9 @@ async def delete_all_keys(url: str, prefix: str) -> int:
     For tests and benchmarks, which each use a prefix of their own; returns how many keys."""
     from redis.asyncio import Redis
 
-    client = Redis.from_url(url)
+    endpoint = RedisEndpoint(url)
+    pool = endpoint.pool()
+    client = Redis(connection_pool=pool)
     deleted = 0
     try:
         keys = [k async for k in client.scan_iter(match=f"{{{prefix}}}:*", count=5000)]
@@ -635,4 +647,6 @@ async def delete_all_keys(url: str, prefix: str) -> int:
             deleted += await client.delete(*keys[start : start + 1000])
     finally:
         await client.aclose()
+        await pool.disconnect()
+        await endpoint.close()
     return deleted

@@ -23,7 +23,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..aio import wait_set
-from ..errors import BackendConnectionError, BackendError
+from ..errors import BackendConnectionError, BackendError, NotPrimaryError
 
 Arg = str | bytes | int | float
 
@@ -55,6 +55,11 @@ FUNCTION_NOT_FOUND = "ERR Function not found"
 """Redis's reply to FCALL of a function it has not loaded (restarted empty, FUNCTION FLUSH)."""
 
 
+def demoted(message: str) -> bool:
+    """Whether an error reply says the Redis is a replica now (a script's says so inside)."""
+    return message.startswith("READONLY") or "-READONLY " in message
+
+
 def _reply_error(message: str) -> ResponseError:
     if message.startswith(("NOSCRIPT", FUNCTION_NOT_FOUND)):
         return NoScriptError(message)
@@ -79,8 +84,17 @@ class Script:
 class _Pipe:
     """One connection: commands are written as they come, replies matched to them in order."""
 
-    def __init__(self, connection: AbstractConnection, where: str, reply_timeout_s: float) -> None:
+    def __init__(
+        self,
+        connection: AbstractConnection,
+        where: str,
+        reply_timeout_s: float,
+        on_refused: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_refused``: called when a reply says the Redis is a replica now (READONLY),
+        after this pipe failed its commands with NotPrimaryError."""
         self.connection = connection
+        self._on_refused = on_refused
         self.where = where
         self.reply_timeout_s = reply_timeout_s
         self.alive = True
@@ -144,6 +158,14 @@ class _Pipe:
                     continue
                 if isinstance(reply, NoScriptError):
                     future.set_exception(reply)
+                elif isinstance(reply, ResponseError) and demoted(str(reply)):
+                    # Each command queued behind it was answered by the replica too: none wrote.
+                    error = NotPrimaryError(f"Redis at {self.where} is a replica now: {reply}")
+                    future.set_exception(error)
+                    self.fail(error)
+                    if self._on_refused is not None:
+                        self._on_refused()
+                    return
                 elif isinstance(reply, ResponseError):
                     future.set_exception(BackendError(f"Redis refused a command: {reply}"))
                 else:
@@ -179,9 +201,6 @@ class _Pipe:
             if not future.done():
                 future.set_exception(error)
         self._transport.close()
-
-    async def close(self) -> None:
-        self.fail(BackendError("the Redis backend is closed"))
 
 
 def take_over(
@@ -296,13 +315,18 @@ class _Lane:
         if not link.started:
             await link.pool.release(connection)
             raise BackendError("the Redis backend is closed")
-        self.pipe = _Pipe(connection, link.where, link.reply_timeout_s)
+        self.pipe = _Pipe(connection, link.where, link.reply_timeout_s, link.refused)
         return self.pipe
 
     async def close(self) -> None:
+        await self.drop(BackendError("the Redis backend is closed"))
+
+    async def drop(self, error: Exception) -> None:
+        """Drop its connection (the commands awaiting a reply fail with ``error``); the next
+        command opens a new one."""
         pipe, self.pipe = self.pipe, None
         if pipe is not None:
-            await pipe.close()
+            pipe.fail(error)
             await pipe.connection.disconnect(nowait=True)
             await self._link.pool.release(pipe.connection)
 
@@ -337,10 +361,30 @@ class RedisLink:
         for lane in self._lanes:
             await lane.close()
 
+    def refused(self) -> None:
+        """A connection's Redis answered as a replica: so would the others', opened before it
+        changed. They are dropped at once (before any other command goes out on them); their
+        commands awaiting a reply fail with BackendConnectionError, as they may have run
+        before it changed."""
+        error = BackendConnectionError(f"Redis at {self.where}: it is a replica now")
+        for lane in self._lanes:
+            if lane.pipe is not None:
+                lane.pipe.fail(error)
+
+    async def reconnect(self, reason: str) -> None:
+        """Drop every connection: the next commands open new ones (after a failover, to the
+        new primary). Commands awaiting a reply fail with BackendConnectionError."""
+        error = BackendConnectionError(f"Redis at {self.where}: {reason}")
+        for lane in self._lanes:
+            await lane.drop(error)
+
     async def call(self, *args: Arg, read_only: bool = False) -> Any:
         """Send one command; its reply, or BackendError. A ``read_only`` command is sent once
-        more if the connection breaks under it (a write never is: it may have taken effect)."""
+        more if the connection breaks under it (a write never is: it may have taken effect),
+        and any command once more if a replica refused it (then nothing was written)."""
         try:
+            return await self._send_one(args)
+        except NotPrimaryError:
             return await self._send_one(args)
         except BackendConnectionError:
             if not read_only:

@@ -117,6 +117,11 @@ class WakeChannel:
         """Wait until the subscription is live; False if it is not within ``timeout``."""
         return await wait_set(self._subscribed, timeout)
 
+    async def reconnect(self) -> None:
+        """Drop the subscription's connection: it subscribes again on a new one (after a
+        failover, on the new primary, where the wake-ups and hand-offs are published)."""
+        await self._dedicated.drop()
+
     async def close(self) -> None:
         await self._dedicated.close(self._task)
         self._task = None

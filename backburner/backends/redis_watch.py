@@ -69,6 +69,11 @@ class StreamWatcher:
         finally:
             self._waiters.discard(waiter)
 
+    async def reconnect(self) -> None:
+        """Drop the blocking read's connection: it reads again on a new one (after a
+        failover, from the new primary)."""
+        await self._dedicated.drop()
+
     async def close(self) -> None:
         if self._unblocking is not None:
             self._unblocking.cancel()

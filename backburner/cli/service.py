@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from ..app import Backburner
+from ..backends.urls import redacted
 from ..errors import BackburnerError
 from ..keys import KeyRing
 from ..models import Job
@@ -157,7 +158,8 @@ def _serve_http(
     console = out()
     role = "API and worker" if run_worker else "API"
     console.print(
-        f"backburner {role} on [bold]{url}[/]  (backend {settings.backend_url})", soft_wrap=True
+        f"backburner {role} on [bold]{url}[/]  (backend {redacted(settings.backend_url)})",
+        soft_wrap=True,
     )
     if run_worker:
         console.print(_model_line(bb), highlight=False, soft_wrap=True)
@@ -331,7 +333,9 @@ async def _demo(bb: Backburner, count: int) -> None:
         ]
         ids.append((await bb.enqueue("flaky_call", {"fail_times": 1})).task_id)
         ids.append((await bb.enqueue("broken_call", {})).task_id)
-        console.print(f"backend: [bold]{bb.settings.backend_url}[/]  worker: {worker.worker_id}")
+        console.print(
+            f"backend: [bold]{redacted(bb.settings.backend_url)}[/]  worker: {worker.worker_id}"
+        )
         from rich.live import Live
 
         with Live(console=console, refresh_per_second=10) as live:

@@ -1,0 +1,143 @@
+"""Backend URLs: the Sentinel form of a Redis URL, and any URL with its secrets hidden.
+
+``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db][?options]``
+names a Redis primary by the service name its Sentinels monitor (``sentinel monitor <service>
+...``); ``rediss+sentinel://`` speaks TLS to the Sentinels and to the primary. The user and
+password are the primary's (as in ``redis://``); options: ``prefix`` (the key prefix, as for
+``redis://``), ``sentinel_username`` and ``sentinel_password`` (when the Sentinels require
+their own), ``ssl_ca_certs`` (a CA file for TLS). A Sentinel's port defaults to 26379.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import ConfigurationError
+
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+"""The Sentinel schemes, each with whether it speaks TLS."""
+
+SENTINEL_PORT = 26379
+SENTINEL_OPTIONS = frozenset({"prefix", "sentinel_username", "sentinel_password", "ssl_ca_certs"})
+_SECRET_OPTION = re.compile(r"([?&])(password|sentinel_password)=[^&#]*")
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """Where a ``redis+sentinel://`` URL points: the Sentinels, the service they monitor, the
+    database and the credentials."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    tls: bool = False
+    ssl_ca_certs: str | None = None
+
+    def describe(self) -> str:
+        """For messages: the service and its Sentinels, no secrets."""
+        hosts = ",".join(f"{_host_text(host)}:{port}" for host, port in self.sentinels)
+        return f"Sentinel service {self.service!r} ({hosts})"
+
+
+def is_sentinel_url(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str) -> SentinelAddress:
+    """The SentinelAddress a ``redis+sentinel://`` URL names; ConfigurationError, naming what
+    is wrong, for one that is not valid."""
+    shown = redacted(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # (an unclosed [IPv6 address)
+        raise ConfigurationError(f"invalid Sentinel URL {shown!r}: {exc}") from None
+    credentials, _, hosts_text = parts.netloc.rpartition("@")
+    if not hosts_text:
+        raise ConfigurationError(f"invalid Sentinel URL {shown!r}: name at least one Sentinel")
+    sentinels = tuple(_sentinel(text, shown) for text in hosts_text.split(","))
+    names = [unquote(name) for name in parts.path.split("/")[1:]]
+    if not names or not names[0] or len(names) > 2:
+        raise ConfigurationError(
+            f"invalid Sentinel URL {shown!r}: the path is the service name and an optional "
+            "database number, as in redis+sentinel://host:26379/mymaster/0"
+        )
+    db = 0
+    if len(names) == 2:
+        if not names[1].isdigit():
+            raise ConfigurationError(
+                f"invalid Sentinel URL {shown!r}: the database {names[1]!r} is not a number"
+            )
+        db = int(names[1])
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - SENTINEL_OPTIONS)
+    if unknown:
+        raise ConfigurationError(
+            f"invalid Sentinel URL {shown!r}: unknown option(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(SENTINEL_OPTIONS))})"
+        )
+    username, password = None, None
+    if credentials:
+        user, has_password, secret = credentials.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if has_password else None
+    tls = SENTINEL_SCHEMES[parts.scheme.lower()]
+    if options.get("ssl_ca_certs") and not tls:
+        raise ConfigurationError(
+            f"invalid Sentinel URL {shown!r}: ssl_ca_certs needs TLS (rediss+sentinel://)"
+        )
+    return SentinelAddress(
+        sentinels=sentinels,
+        service=names[0],
+        db=db,
+        username=username,
+        password=password,
+        sentinel_username=options.get("sentinel_username") or None,
+        sentinel_password=options.get("sentinel_password") or None,
+        tls=tls,
+        ssl_ca_certs=options.get("ssl_ca_certs") or None,
+    )
+
+
+def _sentinel(text: str, shown: str) -> tuple[str, int]:
+    """One ``host[:port]`` (``[IPv6][:port]``) of the URL's list of Sentinels."""
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ConfigurationError(f"invalid Sentinel URL {shown!r}: bad address {text!r}")
+        port_text = rest[1:] if rest else None
+    else:
+        host, colon, after = text.partition(":")
+        port_text = after if colon else None
+    if not host:
+        raise ConfigurationError(f"invalid Sentinel URL {shown!r}: a Sentinel has no host")
+    if port_text is None:
+        return host, SENTINEL_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigurationError(
+            f"invalid Sentinel URL {shown!r}: the port of {host} is not a number in 1..65535"
+        )
+    return host, int(port_text)
+
+
+def _host_text(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def redacted(url: str) -> str:
+    """The URL with its password and secret options shown as ``***`` (to print or log);
+    any URL, valid or not."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    ends = [at for at in (rest.find(c) for c in "/?#") if at >= 0]
+    netloc, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
+    credentials, at, hosts = netloc.rpartition("@")
+    if at and ":" in credentials:
+        netloc = credentials.partition(":")[0] + ":***@" + hosts
+    return scheme + separator + netloc + _SECRET_OPTION.sub(r"\1\2=***", tail)

@@ -1,0 +1,289 @@
+"""High availability: a ``redis+sentinel://`` backend finds the primary its Sentinels name and
+follows a failover without a restart; a primary turned replica under a connection is left.
+
+Every Redis here is the test's own (a primary, its replica and one Sentinel, on free ports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from backburner import Backburner, Job, JobContext, JobStatus
+from backburner.backends import backend_from_url
+from backburner.errors import BackendError, NotPrimaryError
+
+from ..chaos.support import RedisServer, _stop, ps_leftovers, require_redis_backend
+from ..helpers import WORKER_TEST_SETTINGS, eventually, free_port, running_worker
+
+SERVICE = "bbtest"
+
+
+class Sentinel:
+    """One redis-server in Sentinel mode, on a free port, watching ``primary``."""
+
+    def __init__(self, directory: Path, primary_port: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.config = directory / "sentinel.conf"
+        self.config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {directory}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+        )
+        self.log = directory / "sentinel.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", str(self.config), "--sentinel", "--logfile", str(self.log)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def client(self) -> Redis:
+        return Redis(port=self.port, socket_timeout=5)
+
+    def primary_port(self) -> int | None:
+        try:
+            address = self.client().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+        except (OSError, ConnectionError, Exception):
+            return None
+        return int(address[1]) if address else None
+
+    def replica_ready(self) -> bool:
+        """Whether the Sentinel would promote a replica: one it has read INFO from (so knows
+        its run id), connected, in sync with the primary (else NOGOODSLAVE)."""
+        try:
+            replicas = self.client().execute_command("SENTINEL", "REPLICAS", SERVICE)
+        except Exception:
+            return False
+        for replica in replicas:  # (redis-py makes each a dict of bytes)
+            if (
+                replica.get(b"flags") == b"slave"
+                and replica.get(b"runid")
+                and replica.get(b"master-link-status") == b"ok"
+            ):
+                return True
+        return False
+
+
+@dataclass
+class SentinelSet:
+    primary: RedisServer
+    replica: RedisServer
+    sentinel: Sentinel
+
+    def url(self, prefix: str) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SERVICE}/0?prefix={prefix}"
+
+
+def role(port: int) -> str:
+    return str(Redis(port=port, socket_timeout=5).info("replication")["role"])
+
+
+async def until(check: object, message: str, timeout: float = 30.0) -> float:
+    """Seconds until ``check`` holds (AssertionError past ``timeout``)."""
+    return await eventually(check, timeout=timeout, interval=0.01, message=message)  # type: ignore[arg-type]
+
+
+def ours_on(port: int) -> list[dict[str, str]]:
+    """The connections of this test's backends on a Redis: neither Sentinel's (named), nor the
+    replication link (flag S), nor this look (CLIENT LIST)."""
+    clients = Redis(port=port, socket_timeout=5).client_list()
+    return [
+        c for c in clients if not c["name"] and "S" not in c["flags"] and c["cmd"] != "client|list"
+    ]
+
+
+def _synced(replica_port: int) -> bool:
+    info = Redis(port=replica_port, socket_timeout=5).info("replication")
+    return info.get("master_link_status") == "up"
+
+
+@pytest.fixture
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A primary, its replica (in sync) and a Sentinel watching them: a Sentinel learns of
+    replicas from the primary's INFO, which it reads at once and then every 10 s."""
+    require_redis_backend()
+    primary = RedisServer(
+        tmp_path / "primary", appendonly=False, config=("--repl-diskless-sync-delay", "0")
+    )
+    primary.start()
+    replica = RedisServer(
+        tmp_path / "replica",
+        appendonly=False,
+        config=("--replicaof", "127.0.0.1", str(primary.port)),
+    )
+    sentinel = Sentinel(tmp_path / "sentinel", primary.port)
+    try:
+        replica.start()
+        deadline = time.monotonic() + 30
+        while not _synced(replica.port):
+            assert time.monotonic() < deadline, "the replica did not sync within 30 s"
+            time.sleep(0.02)
+        sentinel.start()
+        yield SentinelSet(primary, replica, sentinel)
+    finally:
+        if sentinel.proc is not None:
+            _stop(sentinel.proc)
+        replica.stop()
+        primary.stop()
+        pids = [*primary.pids, *replica.pids, *([sentinel.proc.pid] if sentinel.proc else [])]
+        assert not ps_leftovers(pids), "a redis-server was left running"
+
+
+@pytest.mark.timeout(120)
+async def test_a_sentinel_backend_follows_a_failover(sentinel_set: SentinelSet) -> None:
+    await until(sentinel_set.sentinel.replica_ready, "the Sentinel ready to promote the replica")
+    bb = Backburner(sentinel_set.url("ha"), settings=WORKER_TEST_SETTINGS)
+    ran: list[str] = []
+
+    @bb.task(max_attempts=1)
+    async def note(ctx: JobContext, n: int) -> int:
+        ran.append(ctx.job.task_id)
+        return n * 2
+
+    async with bb, running_worker(bb, concurrency=4):
+        before = await bb.enqueue("note", {"n": 1})
+        await until(lambda: before.task_id in ran, "the first job run")
+        await until(_completed(bb, before.task_id), "the first job completed")
+
+        old_port, new_port = sentinel_set.primary.port, sentinel_set.replica.port
+        assert ours_on(old_port)  # the link's, the wake-up subscription's
+        # Replication is asynchronous: what the replica lacks at the failover is lost (as
+        # with any Redis client). An operator's planned failover first waits for it; so do we.
+        with Redis(port=old_port) as fence:
+            fence.set("fence", "1")
+            assert fence.wait(1, 10_000) == 1
+        sentinel_set.sentinel.client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+        await until(lambda: sentinel_set.sentinel.primary_port() == new_port, "the switch")
+        # The old primary is up and takes writes until Sentinel makes it a replica, ~10 s
+        # later: the backend leaves it when the switch is announced, not then.
+        await until(lambda: not ours_on(old_port), "every connection off the old primary", 5)
+        assert role(old_port) == "master"
+
+        after = await bb.enqueue("note", {"n": 2})
+        await until(_completed(bb, after.task_id), "a job enqueued after the failover completed")
+
+    first, second = await _read(sentinel_set.url("ha"), before.task_id, after.task_id)
+    assert first.status is JobStatus.COMPLETED and first.result == 2  # replicated before
+    assert second.status is JobStatus.COMPLETED and second.result == 4
+    assert Redis(port=new_port).exists("{ha}:j:" + after.task_id)  # on the new primary
+    assert ran.count(before.task_id) == 1 and ran.count(after.task_id) == 1
+
+
+@pytest.mark.timeout(120)
+async def test_a_sentinel_backend_recovers_when_its_primary_dies(sentinel_set: SentinelSet) -> None:
+    await until(sentinel_set.sentinel.replica_ready, "the Sentinel ready to promote the replica")
+    bb = Backburner(sentinel_set.url("dies"), settings=WORKER_TEST_SETTINGS)
+
+    @bb.task(max_attempts=1)
+    async def double(ctx: JobContext, n: int) -> int:
+        return n * 2
+
+    async with bb, running_worker(bb, concurrency=4):
+        before = await bb.enqueue("double", {"n": 1})
+        await until(_completed(bb, before.task_id), "the first job completed")
+        with Redis(port=sentinel_set.primary.port) as fence:
+            fence.set("fence", "1")
+            assert fence.wait(1, 10_000) == 1
+        killed = time.monotonic()
+        sentinel_set.primary.kill()
+        refusals = 0
+        while True:  # what a client does while Redis is away: its enqueue fails, it retries
+            try:
+                after = await bb.enqueue("double", {"n": 2})
+                break
+            except BackendError:
+                refusals += 1
+                assert time.monotonic() - killed < 30, "no primary within 30 s"
+                await asyncio.sleep(0.05)  # (a client's retry interval)
+        recovered = time.monotonic() - killed
+        await until(_completed(bb, after.task_id), "a job enqueued after the failover completed")
+
+    first, second = await _read(sentinel_set.url("dies"), before.task_id, after.task_id)
+    assert first.result == 2 and second.result == 4
+    assert refusals > 0  # it was refused while no primary answered, not queued somewhere
+    # Sentinel waits down-after-milliseconds (1 s here) before it fails over.
+    assert 1.0 <= recovered < 20.0
+
+
+def _completed(bb: Backburner, task_id: str) -> object:
+    async def check() -> bool:
+        job = await bb.get(task_id)
+        return job is not None and job.status is JobStatus.COMPLETED
+
+    return check
+
+
+async def _read(url: str, *task_ids: str) -> list[Job]:
+    found: list[Job] = []
+    async with Backburner(url) as reader:
+        for task_id in task_ids:
+            job = await reader.get(task_id)
+            assert job is not None, task_id
+            found.append(job)
+    return found
+
+
+@pytest.mark.timeout(60)
+async def test_a_primary_made_replica_under_a_connection_refuses_with_not_primary(
+    tmp_path: Path,
+) -> None:
+    """Its connections stay open (Redis does not close them), and each write gets READONLY:
+    the link drops that connection and every one it opened before (they talk to the same
+    Redis) and sends the command once more, on a new one; with the same address that is
+    refused again, so the caller gets NotPrimaryError and nothing is written. Made a primary
+    again, the same backend writes."""
+    require_redis_backend()
+    target = RedisServer(tmp_path / "target", appendonly=False)
+    target.start()
+    try:
+        bb = Backburner(target.url("demoted"), settings=WORKER_TEST_SETTINGS)
+
+        @bb.task()
+        async def noop(ctx: JobContext) -> None:
+            pass
+
+        async with bb:
+            first = await bb.enqueue("noop")
+            # Enough reads at once that the link opens its second connection too.
+            await asyncio.gather(*(bb.get(first.task_id) for _ in range(50)))
+            links = {c["id"] for c in ours_on(target.port)}
+            assert len(links) == 2
+            admin = Redis(port=target.port)
+            # A replica of a primary that never answers: read-only, and it keeps its data.
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+            with pytest.raises(NotPrimaryError, match="replica"):
+                await bb.enqueue("noop")
+            assert admin.keys("{demoted}:j:*") == [b"{demoted}:j:" + first.task_id.encode()]
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+            job = await bb.enqueue("noop")
+            assert job.status is JobStatus.QUEUED
+            assert admin.exists("{demoted}:j:" + job.task_id)
+            assert not links & {c["id"] for c in admin.client_list()}  # dropped, not kept
+    finally:
+        target.stop()
+
+
+async def test_a_sentinel_url_is_read_at_once_and_its_service_named_when_unreachable() -> None:
+    backend = backend_from_url("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/3?prefix=p")
+    assert backend.prefix == "p"  # type: ignore[attr-defined]
+    port = free_port()
+    with socket.socket() as s:  # nothing listens there: connect() names the service
+        s.bind(("127.0.0.1", port))
+    bad = backend_from_url(f"redis+sentinel://127.0.0.1:{port}/svc")
+
+    with pytest.raises(BackendError, match="Sentinel service 'svc'"):
+        await bad.connect()
+    await bad.close()

@@ -1,0 +1,98 @@
+"""Sentinel URLs are read into what they name or refused with what is wrong; any backend URL
+is printed without its secrets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from backburner import Backburner
+from backburner.backends.redis import RedisBackend
+from backburner.backends.urls import SentinelAddress, parse_sentinel_url, redacted
+from backburner.errors import ConfigurationError
+
+from .test_cli import assert_one_line_error, run
+
+
+def test_a_sentinel_url_names_sentinels_service_database_and_credentials() -> None:
+    address = parse_sentinel_url(
+        "rediss+sentinel://app:p%40ss@s1,s2:26380,[::1]:26381/main%20cache/3"
+        "?sentinel_username=sen&sentinel_password=sp&ssl_ca_certs=/etc/ca.pem&prefix=x"
+    )
+    assert address == SentinelAddress(
+        sentinels=(("s1", 26379), ("s2", 26380), ("::1", 26381)),
+        service="main cache",
+        db=3,
+        username="app",
+        password="p@ss",
+        sentinel_username="sen",
+        sentinel_password="sp",
+        tls=True,
+        ssl_ca_certs="/etc/ca.pem",
+    )
+    assert address.describe() == "Sentinel service 'main cache' (s1:26379,s2:26380,[::1]:26381)"
+
+
+def test_a_sentinel_url_without_credentials_or_database() -> None:
+    address = parse_sentinel_url("redis+sentinel://10.0.0.5/mymaster")
+    assert address == SentinelAddress(sentinels=(("10.0.0.5", 26379),), service="mymaster")
+    assert parse_sentinel_url("redis+sentinel://:secret@h/m/0").password == "secret"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel:///mymaster", "name at least one Sentinel"),
+        ("redis+sentinel://h", "the path is the service name"),
+        ("redis+sentinel://h/", "the path is the service name"),
+        ("redis+sentinel://h/m/0/extra", "the path is the service name"),
+        ("redis+sentinel://h/m/zero", "the database 'zero' is not a number"),
+        ("redis+sentinel://h:0/m", "not a number in 1..65535"),
+        ("redis+sentinel://h:99999/m", "not a number in 1..65535"),
+        ("redis+sentinel://h:port/m", "not a number in 1..65535"),
+        ("redis+sentinel://h,/m", "a Sentinel has no host"),
+        ("redis+sentinel://[::1/m", "Invalid IPv6 URL"),
+        ("redis+sentinel://[::1]x/m", "bad address"),
+        ("redis+sentinel://h/m?socket_timeout=1", "unknown option(s) socket_timeout"),
+        ("redis+sentinel://h/m?ssl_ca_certs=/ca.pem", "needs TLS"),
+        ("redis+sentinel://h/m?prefix=a{b}", "prefix"),
+    ],
+)
+def test_a_sentinel_url_that_is_not_valid_is_refused_at_once(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"invalid .*{re.escape(message)}"):
+        Backburner(url)
+
+
+def test_the_sentinel_backend_keeps_its_prefix_and_connects_nowhere_yet() -> None:
+    bb = Backburner("redis+sentinel://127.0.0.1:9,127.0.0.1:10/svc/2?prefix=orders")
+    assert isinstance(bb.backend, RedisBackend)
+    assert bb.backend.prefix == "orders"
+    assert "prefix" not in bb.backend.url
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:secret@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://user:secret@host/0?prefix=x", "redis://user:***@host/0?prefix=x"),
+        ("rediss://user@host/0", "rediss://user@host/0"),
+        (
+            "redis+sentinel://u:p%40ss@h1,h2/m/0?sentinel_password=sp&prefix=x",
+            "redis+sentinel://u:***@h1,h2/m/0?sentinel_password=***&prefix=x",
+        ),
+        ("redis://host/0?password=pw", "redis://host/0?password=***"),
+        ("sqlite:///x.db", "sqlite:///x.db"),
+        ("sqlite:////abs/x.db?synchronous=FULL", "sqlite:////abs/x.db?synchronous=FULL"),
+        ("memory://", "memory://"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_a_url_is_shown_without_its_secrets(url: str, shown: str) -> None:
+    assert redacted(url) == shown
+
+
+def test_the_cli_refuses_a_bad_sentinel_url_in_one_line_without_its_password() -> None:
+    done = run("worker", "--backend", "redis+sentinel://:hunter2@h:99999/m")
+    assert_one_line_error(done, "not a number in 1..65535")
+    assert "hunter2" not in done.stderr
