@@ -80,6 +80,12 @@ class NotPrimaryError(BackendConnectionError):
     Nothing was written; the connection is dropped and the next one goes to the new primary."""
 
 
+class NotReplicatedError(BackendConnectionError):
+    """The write took effect on the Redis primary, but fewer replicas than the backend URL asks
+    for (``?replicas=N``) confirmed it in time: a failover now could lose it. Repeat it with
+    the same idempotency key to be sure."""
+
+
 class InvalidInputError(BackburnerError):
     """An argument of enqueue (or a similar call) is invalid. Nothing was stored."""
 

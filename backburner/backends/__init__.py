@@ -88,8 +88,10 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    prefix = [value for key, value in query if key == "prefix"]
-    rest = urlencode([(key, value) for key, value in query if key != "prefix"])
+    ours = {key: value for key, value in query if key in _REDIS_OPTIONS}
+    rest = urlencode([(key, value) for key, value in query if key not in _REDIS_OPTIONS])
+    replicas = _count(ours.get("replicas", "0"), "replicas", url, minimum=0)
+    timeout_ms = _count(ours.get("replica_timeout_ms", "1000"), "replica_timeout_ms", url)
     if parts.scheme.lower() in SENTINEL_SCHEMES:
         parse_sentinel_url(url)  # a URL that is not valid is refused here, not at connect()
     elif parts.path not in ("", "/") and not parts.path[1:].isdigit():
@@ -99,6 +101,20 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
         )
     return RedisBackend(
         urlunsplit(parts._replace(query=rest)),
-        prefix=prefix[-1] if prefix else "bb",
+        prefix=ours.get("prefix", "bb"),
         max_queue_size=max_queue_size,
+        replicas=replicas,
+        replica_timeout_ms=timeout_ms,
     )
+
+
+_REDIS_OPTIONS = ("prefix", "replicas", "replica_timeout_ms")
+"""The Redis URL's options that are backburner's, not redis-py's."""
+
+
+def _count(text: str, name: str, url: str, *, minimum: int = 1) -> int:
+    if not text.isdigit() or int(text) < minimum:
+        raise ConfigurationError(
+            f"invalid Redis URL {redacted(url)!r}: {name} must be a whole number >= {minimum}"
+        )
+    return int(text)

@@ -203,9 +203,13 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         prefix: str = "bb",
         max_queue_size: int | None = None,
         functions: bool = True,
+        replicas: int = 0,
+        replica_timeout_ms: int = 1000,
     ) -> None:
         """``functions``: run the scripts as Redis Functions where Redis has them (>= 7);
-        False, or a Redis without them, runs them by EVALSHA (the same scripts)."""
+        False, or a Redis without them, runs them by EVALSHA (the same scripts).
+        ``replicas``: an enqueue is acknowledged once this many replicas have it (``WAIT``),
+        NotReplicatedError if they do not confirm it within ``replica_timeout_ms``."""
         if not prefix or any(c in prefix for c in "{}"):
             raise ConfigurationError(f"invalid Redis key prefix {prefix!r}: no braces, not empty")
         self.url = url
@@ -216,6 +220,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._endpoint = RedisEndpoint(url)
         self._where = self._endpoint.where
         self.functions = functions
+        if replicas < 0 or replica_timeout_ms <= 0:
+            raise ConfigurationError("replicas must be >= 0 and replica_timeout_ms > 0")
+        self.replicas, self.replica_timeout_ms = replicas, replica_timeout_ms
         self._library, self._scripts = _load_scripts()
         self._next_claims = NextClaimTexts()
         self._batchers = {
@@ -227,6 +234,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 self._p,
                 max_batch=max_batch,
                 eager=eager,
+                replicated=name == "enqueue",
             )
             for name, (_, max_batch, eager) in _BATCHED.items()
         }
@@ -257,7 +265,12 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         }
         self._pool = self._endpoint.pool(**options)
         self._blocking_pool = self._endpoint.pool(**options)
-        self._link = RedisLink(self._pool, where=self._where)
+        self._link = RedisLink(
+            self._pool,
+            where=self._where,
+            replicas=self.replicas,
+            replica_timeout_ms=self.replica_timeout_ms,
+        )
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:

@@ -39,8 +39,12 @@ class ScriptBatcher:
         *,
         max_batch: int = MAX_BATCH,
         eager: bool = False,
+        replicated: bool = False,
     ) -> None:
+        """``replicated``: each call is answered once the link's replicas have its write
+        (RedisLink.call)."""
         self._link = link
+        self._replicated = replicated
         self._single = single
         self._batched = batched
         self._keys = tuple(keys)
@@ -78,7 +82,12 @@ class ScriptBatcher:
             if alone:
                 self._alone += 1
                 try:
-                    return await self._link().run(self._single, self._keys, (self._prefix, *args))
+                    return await self._link().run(
+                        self._single,
+                        self._keys,
+                        (self._prefix, *args),
+                        replicated=self._replicated,
+                    )
                 finally:
                     self._alone -= 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -123,7 +132,9 @@ class ScriptBatcher:
             flat.append(len(args))
             flat.extend(args)
         try:
-            replies = await self._link().run(self._batched, self._keys, flat)
+            replies = await self._link().run(
+                self._batched, self._keys, flat, replicated=self._replicated
+            )
             if not isinstance(replies, list) or len(replies) != len(batch):
                 raise BackendError(f"Redis answered a batch of {len(batch)} calls with {replies!r}")
             for (_, future), reply in zip(batch, replies, strict=True):

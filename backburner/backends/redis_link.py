@@ -23,7 +23,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..aio import wait_set
-from ..errors import BackendConnectionError, BackendError, NotPrimaryError
+from ..errors import BackendConnectionError, BackendError, NotPrimaryError, NotReplicatedError
 
 Arg = str | bytes | int | float
 
@@ -282,6 +282,28 @@ class _Lane:
         pipe = await self._usable_pipe()
         return await pipe.send(args)
 
+    async def send_replicated(self, args: tuple[Arg, ...], replicas: int, timeout_ms: int) -> Any:
+        """The reply to ``args`` once ``replicas`` replicas have it: ``WAIT`` goes right
+        behind it on the same connection (it waits for every write before it there).
+        NotReplicatedError if fewer confirm within ``timeout_ms``."""
+        pipe = self.pipe
+        if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
+            pipe = await self._usable_pipe()
+        reply, confirmed = pipe.send(args), pipe.send(("WAIT", replicas, timeout_ms))
+        try:
+            result = await reply
+        except BaseException:
+            if not confirmed.cancel() and not confirmed.cancelled():
+                confirmed.exception()  # (failed with the connection: retrieved, not a warning)
+            raise
+        count = await confirmed
+        if count < replicas:
+            raise NotReplicatedError(
+                f"Redis at {self._link.where}: written, but {count} of the {replicas} replicas "
+                f"asked for confirmed it within {timeout_ms} ms"
+            )
+        return result
+
     async def _usable_pipe(self) -> _Pipe:
         if not self._link.started:
             raise BackendError("the Redis backend is not connected (call connect() first)")
@@ -344,8 +366,14 @@ class RedisLink:
         where: str,
         connections: int = 2,
         reply_timeout_s: float = REPLY_TIMEOUT_S,
+        replicas: int = 0,
+        replica_timeout_ms: int = 1000,
     ) -> None:
+        """``replicas``: how many replicas must confirm a ``replicated`` call's write before
+        it is answered (``WAIT``), within ``replica_timeout_ms``."""
         self.pool = pool
+        self.replicas = replicas
+        self.replica_timeout_ms = replica_timeout_ms
         self.where = where
         self.reply_timeout_s = reply_timeout_s
         self.started = False
@@ -378,21 +406,31 @@ class RedisLink:
         for lane in self._lanes:
             await lane.drop(error)
 
-    async def call(self, *args: Arg, read_only: bool = False) -> Any:
+    async def call(self, *args: Arg, read_only: bool = False, replicated: bool = False) -> Any:
         """Send one command; its reply, or BackendError. A ``read_only`` command is sent once
         more if the connection breaks under it (a write never is: it may have taken effect),
-        and any command once more if a replica refused it (then nothing was written)."""
+        and any command once more if a replica refused it (then nothing was written).
+        ``replicated``: answer once ``replicas`` replicas have the write (NotReplicatedError if
+        they do not confirm it within ``replica_timeout_ms``); with ``replicas`` 0, at once."""
         try:
-            return await self._send_one(args)
+            return await self._send_one(args, replicated)
         except NotPrimaryError:
-            return await self._send_one(args)
+            return await self._send_one(args, replicated)
+        except NotReplicatedError:
+            raise
         except BackendConnectionError:
             if not read_only:
                 raise
-            return await self._send_one(args)
+            return await self._send_one(args, replicated)
 
     async def run(
-        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, read_only: bool = False
+        self,
+        script: Script,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        read_only: bool = False,
+        replicated: bool = False,
     ) -> Any:
         """Run a script (as its library's function, or by SHA1), loading it if Redis does
         not know it yet (``read_only`` as for call)."""
@@ -402,13 +440,13 @@ class RedisLink:
         else:
             library, command = None, ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await self.call(*command, read_only=read_only)
+            return await self.call(*command, read_only=read_only, replicated=replicated)
         except NoScriptError:
             if library is not None:  # (FCALL: the library is what Redis lacks)
                 await self.load_library(library)
             else:
                 await self.call("SCRIPT", "LOAD", script.source)
-            return await self.call(*command, read_only=read_only)
+            return await self.call(*command, read_only=read_only, replicated=replicated)
 
     async def load_library(self, source: str) -> None:
         """FUNCTION LOAD a library; one of that name already loaded is the same code (its
@@ -419,11 +457,13 @@ class RedisLink:
             if "already exists" not in str(exc):
                 raise
 
-    def _send_one(self, args: tuple[Arg, ...]) -> Awaitable[Any]:
+    def _send_one(self, args: tuple[Arg, ...], replicated: bool = False) -> Awaitable[Any]:
         lanes = self._lanes
         lane = lanes[0]
         if len(lanes) > 1 and lane.load():
             lane = min(lanes, key=_Lane.load)
+        if replicated and self.replicas:
+            return lane.send_replicated(args, self.replicas, self.replica_timeout_ms)
         return lane.send(args)
 
 

@@ -5,7 +5,8 @@ names a Redis primary by the service name its Sentinels monitor (``sentinel moni
 ...``); ``rediss+sentinel://`` speaks TLS to the Sentinels and to the primary. The user and
 password are the primary's (as in ``redis://``); options: ``prefix`` (the key prefix, as for
 ``redis://``), ``sentinel_username`` and ``sentinel_password`` (when the Sentinels require
-their own), ``ssl_ca_certs`` (a CA file for TLS). A Sentinel's port defaults to 26379.
+their own), ``ssl_ca_certs`` (a CA file for TLS), ``replicas`` and ``replica_timeout_ms`` (as
+for ``redis://``: docs/redis.md). A Sentinel's port defaults to 26379.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 """The Sentinel schemes, each with whether it speaks TLS."""
 
 SENTINEL_PORT = 26379
-SENTINEL_OPTIONS = frozenset({"prefix", "sentinel_username", "sentinel_password", "ssl_ca_certs"})
+SENTINEL_OPTIONS = frozenset(
+    {
+        "prefix",
+        "replicas",
+        "replica_timeout_ms",
+        "sentinel_username",
+        "sentinel_password",
+        "ssl_ca_certs",
+    }
+)
 _SECRET_OPTION = re.compile(r"([?&])(password|sentinel_password)=[^&#]*")
 
 

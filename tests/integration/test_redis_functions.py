@@ -31,9 +31,9 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     commands: list[tuple[Any, ...]] = []
     call = RedisLink.call
 
-    async def spy(self: RedisLink, *args: Any, read_only: bool = False) -> Any:
+    async def spy(self: RedisLink, *args: Any, **options: bool) -> Any:
         commands.append(args[:2])
-        return await call(self, *args, read_only=read_only)
+        return await call(self, *args, **options)
 
     monkeypatch.setattr(RedisLink, "call", spy)
     return commands

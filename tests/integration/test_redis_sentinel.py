@@ -7,6 +7,8 @@ Every Redis here is the test's own (a primary, its replica and one Sentinel, on 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -19,7 +21,7 @@ from redis import Redis
 
 from backburner import Backburner, Job, JobContext, JobStatus
 from backburner.backends import backend_from_url
-from backburner.errors import BackendError, NotPrimaryError
+from backburner.errors import BackendError, NotPrimaryError, NotReplicatedError
 
 from ..chaos.support import RedisServer, _stop, ps_leftovers, require_redis_backend
 from ..helpers import WORKER_TEST_SETTINGS, eventually, free_port, running_worker
@@ -287,3 +289,68 @@ async def test_a_sentinel_url_is_read_at_once_and_its_service_named_when_unreach
     with pytest.raises(BackendError, match="Sentinel service 'svc'"):
         await bad.connect()
     await bad.close()
+
+
+def _streaming(primary_port: int) -> bool:
+    """Whether the primary streams its writes to its replica: after a diskless sync it waits
+    for the replica's first acknowledgement (sent within a second), and until then WAIT gets
+    no answer from it. An acknowledged offset says it came."""
+    info = Redis(port=primary_port, socket_timeout=5).info("replication")
+    replica = info.get("slave0")
+    return isinstance(replica, dict) and replica.get("state") == "online" and replica["offset"] > 0
+
+
+@pytest.mark.timeout(60)
+async def test_with_replicas_1_an_enqueue_is_acknowledged_once_the_replica_has_it(
+    sentinel_set: SentinelSet,
+) -> None:
+    primary, replica = sentinel_set.primary, sentinel_set.replica
+    await until(lambda: _streaming(primary.port), "the primary streaming to its replica")
+    url = f"redis://127.0.0.1:{primary.port}/0?prefix=waits&replicas=1&replica_timeout_ms=300"
+    bb = Backburner(url, settings=WORKER_TEST_SETTINGS)
+
+    @bb.task()
+    async def noop(ctx: JobContext) -> None:
+        pass
+
+    async with bb:
+        first = await bb.enqueue("noop")
+        assert Redis(port=replica.port).exists("{waits}:j:" + first.task_id)
+        assert replica.proc is not None
+        os.kill(replica.proc.pid, signal.SIGSTOP)  # a replica that confirms nothing
+        try:
+            started = time.monotonic()
+            with pytest.raises(NotReplicatedError, match="0 of the 1 replicas"):
+                await bb.enqueue("noop")
+            waited = time.monotonic() - started
+        finally:
+            os.kill(replica.proc.pid, signal.SIGCONT)
+        assert 0.3 <= waited < 5.0
+        later = await bb.enqueue("noop")
+        assert Redis(port=replica.port).exists("{waits}:j:" + later.task_id)
+
+
+@pytest.mark.timeout(120)
+async def test_with_replicas_1_no_acknowledged_enqueue_is_lost_when_the_primary_dies(
+    sentinel_set: SentinelSet,
+) -> None:
+    """Enqueues in flight, batched; the primary is killed the moment the last is answered:
+    the replica Sentinel promotes has every one of them."""
+    await until(sentinel_set.sentinel.replica_ready, "the Sentinel ready to promote the replica")
+    await until(lambda: _streaming(sentinel_set.primary.port), "the primary streaming")
+    url = sentinel_set.url("kept") + "&replicas=1&replica_timeout_ms=5000"
+    bb = Backburner(url, settings=WORKER_TEST_SETTINGS)
+
+    @bb.task()
+    async def noop(ctx: JobContext) -> None:
+        pass
+
+    async with bb:
+        jobs = await asyncio.gather(*(bb.enqueue("noop") for _ in range(300)))
+        sentinel_set.primary.kill()
+    new_port = sentinel_set.replica.port
+    await until(lambda: sentinel_set.sentinel.primary_port() == new_port, "the failover", 30)
+    kept = Redis(port=new_port)
+    missing = [job.task_id for job in jobs if not kept.exists("{kept}:j:" + job.task_id)]
+    assert missing == []
+    assert len({job.task_id for job in jobs}) == 300

@@ -419,9 +419,9 @@ async def test_a_second_connect_reads_one_key_and_changes_nothing(
     sent: list[tuple[Any, ...]] = []
     call = RedisLink.call
 
-    async def spy(self: RedisLink, *args: Any, read_only: bool = False) -> Any:
+    async def spy(self: RedisLink, *args: Any, **options: bool) -> Any:
         sent.append(args)
-        return await call(self, *args, read_only=read_only)
+        return await call(self, *args, **options)
 
     monkeypatch.setattr(RedisLink, "call", spy)
     second = RedisBackend(REDIS_TEST_URL, prefix=prefix)
