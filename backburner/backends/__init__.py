@@ -94,7 +94,7 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
     timeout_ms = _count(ours.get("replica_timeout_ms", "1000"), "replica_timeout_ms", url)
     if parts.scheme.lower() in SENTINEL_SCHEMES:
         parse_sentinel_url(url)  # a URL that is not valid is refused here, not at connect()
-    elif parts.path not in ("", "/") and not parts.path[1:].isdigit():
+    elif parts.path not in ("", "/") and not _whole(parts.path[1:]):
         raise ConfigurationError(
             f"invalid Redis URL {redacted(url)!r}: the path is a database number, as in "
             "redis://host:6379/0"
@@ -112,8 +112,12 @@ _REDIS_OPTIONS = ("prefix", "replicas", "replica_timeout_ms")
 """The Redis URL's options that are backburner's, not redis-py's."""
 
 
+def _whole(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # (str.isdigit takes "²" too)
+
+
 def _count(text: str, name: str, url: str, *, minimum: int = 1) -> int:
-    if not text.isdigit() or int(text) < minimum:
+    if not _whole(text) or int(text) < minimum:
         raise ConfigurationError(
             f"invalid Redis URL {redacted(url)!r}: {name} must be a whole number >= {minimum}"
         )

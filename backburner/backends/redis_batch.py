@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..errors import BackendConnectionError, BackendError
-from .redis_link import Arg, RedisLink, Script
+from ..errors import BackendConnectionError, BackendError, NotPrimaryError
+from .redis_link import Arg, RedisLink, Script, demoted
 
 MAX_BATCH = 200
 """Calls per batch: Redis runs a batch as one script, and serves nobody else meanwhile."""
@@ -122,6 +122,9 @@ class ScriptBatcher:
                     BackendConnectionError("a batch of calls was cut short; it may have run")
                 )
 
+    def _run_batch(self, flat: list[Arg]) -> Awaitable[Any]:
+        return self._link().run(self._batched, self._keys, flat, replicated=self._replicated)
+
     async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
         # A caller cancelled before its batch left is not sent: nothing was done for it.
         batch = [(args, future) for args, future in batch if not future.done()]
@@ -132,15 +135,20 @@ class ScriptBatcher:
             flat.append(len(args))
             flat.extend(args)
         try:
-            replies = await self._link().run(
-                self._batched, self._keys, flat, replicated=self._replicated
-            )
+            replies = await self._run_batch(flat)
+            if _refused_as_replica(replies):
+                # (By EVALSHA the batch runs, and each group's write is refused in its place.)
+                # Nothing was written: once more, on a new connection, as the link does.
+                self._link().refused()
+                replies = await self._run_batch(flat)
             if not isinstance(replies, list) or len(replies) != len(batch):
                 raise BackendError(f"Redis answered a batch of {len(batch)} calls with {replies!r}")
             for (_, future), reply in zip(batch, replies, strict=True):
                 if future.done():  # its caller was cancelled; the call took effect all the same
                     continue
-                if isinstance(reply, ResponseError):
+                if isinstance(reply, ResponseError) and demoted(str(reply)):
+                    future.set_exception(NotPrimaryError(f"Redis is a replica now: {reply}"))
+                elif isinstance(reply, ResponseError):
                     future.set_exception(BackendError(f"Redis refused a command: {reply}"))
                 else:
                     future.set_result(reply)
@@ -148,3 +156,9 @@ class ScriptBatcher:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
+
+
+def _refused_as_replica(replies: Any) -> bool:
+    return isinstance(replies, list) and any(
+        isinstance(reply, ResponseError) and demoted(str(reply)) for reply in replies
+    )

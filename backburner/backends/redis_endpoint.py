@@ -24,6 +24,9 @@ from .urls import SentinelAddress, is_sentinel_url, parse_sentinel_url
 
 log = logging.getLogger("backburner.redis")
 
+POLL_S = 1.0
+"""The longest a read of the announcements waits before it looks again whether to stop."""
+
 SWITCH_CHANNEL = "+switch-master"
 """Where Sentinels announce a new primary: ``<service> <old ip> <old port> <new ip> <new port>``."""
 
@@ -38,8 +41,6 @@ class RedisEndpoint:
         """The Sentinel client (redis-py's), shared by this endpoint's pools."""
         self._watching: asyncio.Task[None] | None = None
         self._closed: asyncio.Event | None = None
-        self._pubsub: Any = None
-        """The subscription to a Sentinel's announcements (redis-py's PubSub), while open."""
         if is_sentinel_url(url):
             self.sentinel = parse_sentinel_url(url)
             self.where = self.sentinel.describe()
@@ -91,22 +92,31 @@ class RedisEndpoint:
 
     async def _watch(self, moved: Callable[[str], Awaitable[None]], closed: asyncio.Event) -> None:
         assert self.sentinel is not None and self._manager is not None
-        service, failures, turn = self.sentinel.service.encode(), 0, 0
+        service, failures, turn = self.sentinel.service, 0, 0
+        primary: tuple[str, int] | None = None
+        """The primary's address as last named."""
         while not closed.is_set():
             sentinels = self._manager.sentinels
             client = sentinels[turn % len(sentinels)]  # the next Sentinel after one fails
-            pubsub = self._pubsub = client.pubsub()
+            pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(SWITCH_CHANNEL)
+                # A failover announced while nobody here listened is found now, by asking.
+                ip, port = await self._manager.discover_master(service)
+                named = (str(ip), int(port))
+                if primary is not None and named != primary:
+                    await moved(f"Sentinel names a new primary, {named[0]}:{named[1]}")
+                primary, failures = named, 0
                 while not closed.is_set():
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-                    failures = 0
-                    if message is None:
-                        continue
-                    words = message["data"].split()
-                    if words and words[0] == service:
-                        new = b":".join(words[3:5]).decode(errors="replace")
-                        await moved(f"Sentinel named a new primary, {new} (failover)")
+                    # A bounded wait: redis-py before 8 ends an endless one at the
+                    # connection's socket_timeout, as if the Sentinel were gone.
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=POLL_S
+                    )
+                    words = message["data"].decode(errors="replace").split() if message else []
+                    if len(words) >= 5 and words[0] == service and words[4].isdigit():
+                        primary = (words[3], int(words[4]))
+                        await moved(f"Sentinel named a new primary, {words[3]}:{words[4]}")
             except (RedisError, OSError) as exc:
                 failures, turn = failures + 1, turn + 1
                 log.info("Sentinel at %s: failover announcements lost (%s)", client, exc)
@@ -114,8 +124,10 @@ class RedisEndpoint:
                 failures += 1
                 log.exception("Sentinel at %s: failover announcement not handled", client)
             finally:
-                self._pubsub = None
-                await pubsub.aclose()
+                try:
+                    await pubsub.aclose()
+                except Exception as exc:  # (its connection broke already)
+                    log.debug("Sentinel at %s: closing the subscription: %s", client, exc)
             await wait_set(closed, min(5.0, 0.05 * 2**failures))
 
     async def close(self) -> None:
@@ -125,16 +137,10 @@ class RedisEndpoint:
             self._closed.set()
         watching, self._watching = self._watching, None
         if watching is not None:
-            # Its connection is closed under it first: redis-py does not always give up a
-            # read it is cancelled in (the watch would then read on, and close() wait on it).
-            pubsub = self._pubsub
-            if pubsub is not None and pubsub.connection is not None:
-                await pubsub.connection.disconnect(nowait=True)
-            for _ in range(2):
-                done, _ = await asyncio.wait({watching}, timeout=1.0)
-                if done:
-                    break
-                watching.cancel()
+            # (A read redis-py does not give up when cancelled ends within POLL_S, and the
+            # watch with it: it looks at ``closed`` after every read.)
+            watching.cancel()
+            await asyncio.wait({watching}, timeout=2 * POLL_S)
         manager, self._manager = self._manager, None
         if manager is not None:
             for client in manager.sentinels:

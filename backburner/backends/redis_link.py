@@ -20,6 +20,7 @@ from typing import Any
 
 import hiredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ..aio import wait_set
@@ -261,8 +262,11 @@ class _TakenOver(asyncio.Protocol):
 class _Lane:
     """One of a link's connections: opened when first needed, replaced when lost."""
 
-    def __init__(self, link: RedisLink) -> None:
+    def __init__(self, link: RedisLink, extra_reply_s: float = 0.0) -> None:
+        """``extra_reply_s``: more time its commands may take to be answered (a lane whose
+        commands include WAIT's)."""
         self._link = link
+        self._extra_reply_s = extra_reply_s
         self.pipe: _Pipe | None = None
         self._opening: asyncio.Future[_Pipe] | None = None
 
@@ -289,6 +293,8 @@ class _Lane:
         pipe = self.pipe
         if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
             pipe = await self._usable_pipe()
+        # WAIT covers the last write this connection made: the script's (a repeated enqueue
+        # writes too, so that the first one's write is covered however it went).
         reply, confirmed = pipe.send(args), pipe.send(("WAIT", replicas, timeout_ms))
         try:
             result = await reply
@@ -330,14 +336,25 @@ class _Lane:
                 pass
         await self.close()
         link = self._link
-        try:
-            connection = await link.pool.get_connection()  # type: ignore[no-untyped-call]
-        except (RedisError, OSError) as exc:
-            raise BackendConnectionError(f"Redis at {link.where}: {exc}") from None
-        if not link.started:
+        for _ in range(2):
+            generation = link.generation
+            try:
+                connection = await link.pool.get_connection()  # type: ignore[no-untyped-call]
+            except (RedisError, OSError) as exc:
+                raise BackendConnectionError(f"Redis at {link.where}: {exc}") from None
+            if not link.started:
+                await link.pool.release(connection)
+                raise BackendError("the Redis backend is closed")
+            if generation == link.generation:
+                break
+            # A failover was announced while it connected: it may have gone to the old
+            # primary. Once more (the address is asked again).
+            await connection.disconnect(nowait=True)
             await link.pool.release(connection)
-            raise BackendError("the Redis backend is closed")
-        self.pipe = _Pipe(connection, link.where, link.reply_timeout_s, link.refused)
+        else:
+            raise BackendConnectionError(f"Redis at {link.where}: the primary is moving")
+        timeout = link.reply_timeout_s + self._extra_reply_s
+        self.pipe = _Pipe(connection, link.where, timeout, link.refused)
         return self.pipe
 
     async def close(self) -> None:
@@ -379,14 +396,19 @@ class RedisLink:
         self.started = False
         self.functions = False
         """Scripts go as FCALL of their library's functions (set once the library is loaded)."""
+        self.generation = 0
+        """How many times every connection was dropped for a failover (reconnect)."""
         self._lanes = [_Lane(self) for _ in range(max(1, connections))]
+        # A client blocked in WAIT has nothing else it sent answered meanwhile: the replicated
+        # writes get a connection of their own, so a slow replica holds up only them.
+        self._waiting_lane = _Lane(self, extra_reply_s=replica_timeout_ms / 1000)
 
     def start(self) -> None:
         self.started = True
 
     async def close(self) -> None:
         self.started = False
-        for lane in self._lanes:
+        for lane in (*self._lanes, self._waiting_lane):
             await lane.close()
 
     def refused(self) -> None:
@@ -395,15 +417,16 @@ class RedisLink:
         commands awaiting a reply fail with BackendConnectionError, as they may have run
         before it changed."""
         error = BackendConnectionError(f"Redis at {self.where}: it is a replica now")
-        for lane in self._lanes:
+        for lane in (*self._lanes, self._waiting_lane):
             if lane.pipe is not None:
                 lane.pipe.fail(error)
 
     async def reconnect(self, reason: str) -> None:
         """Drop every connection: the next commands open new ones (after a failover, to the
         new primary). Commands awaiting a reply fail with BackendConnectionError."""
+        self.generation += 1
         error = BackendConnectionError(f"Redis at {self.where}: {reason}")
-        for lane in self._lanes:
+        for lane in (*self._lanes, self._waiting_lane):
             await lane.drop(error)
 
     async def call(self, *args: Arg, read_only: bool = False, replicated: bool = False) -> Any:
@@ -458,12 +481,12 @@ class RedisLink:
                 raise
 
     def _send_one(self, args: tuple[Arg, ...], replicated: bool = False) -> Awaitable[Any]:
+        if replicated and self.replicas:
+            return self._waiting_lane.send_replicated(args, self.replicas, self.replica_timeout_ms)
         lanes = self._lanes
         lane = lanes[0]
         if len(lanes) > 1 and lane.load():
             lane = min(lanes, key=_Lane.load)
-        if replicated and self.replicas:
-            return lane.send_replicated(args, self.replicas, self.replica_timeout_ms)
         return lane.send(args)
 
 
@@ -480,13 +503,23 @@ class Dedicated:
         self.connection: AbstractConnection | None = None
         self.closing = False
         self.failures = 0
+        self._dropped = 0
         self._closed = asyncio.Event()
 
     async def open(self) -> AbstractConnection:
-        self.connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-        return self.connection
+        for _ in range(2):
+            dropped = self._dropped
+            connection: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+            if dropped == self._dropped:
+                self.connection = connection
+                return connection
+            # Dropped for a failover while it connected: maybe to the old primary. Again.
+            await connection.disconnect(nowait=True)
+            await self._pool.release(connection)
+        raise RedisConnectionError("the primary is moving")
 
     async def drop(self) -> None:
+        self._dropped += 1
         connection, self.connection = self.connection, None
         if connection is not None:
             await connection.disconnect(nowait=True)

@@ -31,7 +31,7 @@ SENTINEL_OPTIONS = frozenset(
         "ssl_ca_certs",
     }
 )
-_SECRET_OPTION = re.compile(r"([?&])(password|sentinel_password)=[^&#]*")
+_SECRET_OPTION = re.compile(r"([?&])(password|sentinel_password|ssl_password)=[^&]*")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
         )
     db = 0
     if len(names) == 2:
-        if not names[1].isdigit():
+        if not _number(names[1]):
             raise ConfigurationError(
                 f"invalid Sentinel URL {shown!r}: the database {names[1]!r} is not a number"
             )
@@ -128,11 +128,16 @@ def _sentinel(text: str, shown: str) -> tuple[str, int]:
         raise ConfigurationError(f"invalid Sentinel URL {shown!r}: a Sentinel has no host")
     if port_text is None:
         return host, SENTINEL_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not _number(port_text) or not 0 < int(port_text) < 65536:
         raise ConfigurationError(
             f"invalid Sentinel URL {shown!r}: the port of {host} is not a number in 1..65535"
         )
     return host, int(port_text)
+
+
+def _number(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits (``str.isdigit`` takes "²" too)."""
+    return text.isascii() and text.isdigit()
 
 
 def _host_text(host: str) -> str:
@@ -141,13 +146,13 @@ def _host_text(host: str) -> str:
 
 def redacted(url: str) -> str:
     """The URL with its password and secret options shown as ``***`` (to print or log);
-    any URL, valid or not."""
+    any URL, valid or not. Everything before its last ``@`` but the user name counts as the
+    password: a password with an unescaped ``/``, ``?`` or ``#`` is hidden too (and an ``@``
+    in the query makes it hide more than it must, never less)."""
     scheme, separator, rest = url.partition("://")
     if not separator:
         return url
-    ends = [at for at in (rest.find(c) for c in "/?#") if at >= 0]
-    netloc, tail = rest[: min(ends, default=len(rest))], rest[min(ends, default=len(rest)) :]
-    credentials, at, hosts = netloc.rpartition("@")
+    credentials, at, after = rest.rpartition("@")
     if at and ":" in credentials:
-        netloc = credentials.partition(":")[0] + ":***@" + hosts
-    return scheme + separator + netloc + _SECRET_OPTION.sub(r"\1\2=***", tail)
+        rest = credentials.partition(":")[0] + ":***@" + after
+    return scheme + separator + _SECRET_OPTION.sub(r"\1\2=***", rest)

@@ -15,12 +15,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis
 
 from backburner import Backburner, Job, JobContext, JobStatus
 from backburner.backends import backend_from_url
+from backburner.backends.redis import RedisBackend
 from backburner.errors import BackendError, NotPrimaryError, NotReplicatedError
 
 from ..chaos.support import RedisServer, _stop, ps_leftovers, require_redis_backend
@@ -52,12 +54,12 @@ class Sentinel:
             stderr=subprocess.DEVNULL,
         )
 
-    def client(self) -> Redis:
-        return Redis(port=self.port, socket_timeout=5)
+    def ask(self, *command: str) -> Any:
+        return ask(self.port, *command)
 
     def primary_port(self) -> int | None:
         try:
-            address = self.client().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+            address = self.ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
         except (OSError, ConnectionError, Exception):
             return None
         return int(address[1]) if address else None
@@ -66,7 +68,7 @@ class Sentinel:
         """Whether the Sentinel would promote a replica: one it has read INFO from (so knows
         its run id), connected, in sync with the primary (else NOGOODSLAVE)."""
         try:
-            replicas = self.client().execute_command("SENTINEL", "REPLICAS", SERVICE)
+            replicas = self.ask("SENTINEL", "REPLICAS", SERVICE)
         except Exception:
             return False
         for replica in replicas:  # (redis-py makes each a dict of bytes)
@@ -89,8 +91,19 @@ class SentinelSet:
         return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SERVICE}/0?prefix={prefix}"
 
 
+def ask(port: int, *command: str | int) -> Any:
+    """One command to a Redis of this test, on a connection of its own, closed after."""
+    with Redis(port=port, socket_timeout=5) as client:
+        return client.execute_command(*command)
+
+
 def role(port: int) -> str:
-    return str(Redis(port=port, socket_timeout=5).info("replication")["role"])
+    return str(replication(port)["role"])
+
+
+def replication(port: int) -> dict[str, Any]:
+    with Redis(port=port, socket_timeout=5) as client:
+        return dict(client.info("replication"))
 
 
 async def until(check: object, message: str, timeout: float = 30.0) -> float:
@@ -101,15 +114,15 @@ async def until(check: object, message: str, timeout: float = 30.0) -> float:
 def ours_on(port: int) -> list[dict[str, str]]:
     """The connections of this test's backends on a Redis: neither Sentinel's (named), nor the
     replication link (flag S), nor this look (CLIENT LIST)."""
-    clients = Redis(port=port, socket_timeout=5).client_list()
+    with Redis(port=port, socket_timeout=5) as client:
+        clients = client.client_list()
     return [
         c for c in clients if not c["name"] and "S" not in c["flags"] and c["cmd"] != "client|list"
     ]
 
 
 def _synced(replica_port: int) -> bool:
-    info = Redis(port=replica_port, socket_timeout=5).info("replication")
-    return info.get("master_link_status") == "up"
+    return replication(replica_port).get("master_link_status") == "up"
 
 
 @pytest.fixture
@@ -167,11 +180,11 @@ async def test_a_sentinel_backend_follows_a_failover(sentinel_set: SentinelSet) 
         with Redis(port=old_port) as fence:
             fence.set("fence", "1")
             assert fence.wait(1, 10_000) == 1
-        sentinel_set.sentinel.client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+        sentinel_set.sentinel.ask("SENTINEL", "FAILOVER", SERVICE)
         await until(lambda: sentinel_set.sentinel.primary_port() == new_port, "the switch")
         # The old primary is up and takes writes until Sentinel makes it a replica, ~10 s
         # later: the backend leaves it when the switch is announced, not then.
-        await until(lambda: not ours_on(old_port), "every connection off the old primary", 5)
+        await until(lambda: not ours_on(old_port), "every connection off the old primary", 8)
         assert role(old_port) == "master"
 
         after = await bb.enqueue("note", {"n": 2})
@@ -180,7 +193,7 @@ async def test_a_sentinel_backend_follows_a_failover(sentinel_set: SentinelSet) 
     first, second = await _read(sentinel_set.url("ha"), before.task_id, after.task_id)
     assert first.status is JobStatus.COMPLETED and first.result == 2  # replicated before
     assert second.status is JobStatus.COMPLETED and second.result == 4
-    assert Redis(port=new_port).exists("{ha}:j:" + after.task_id)  # on the new primary
+    assert ask(new_port, "EXISTS", "{ha}:j:" + after.task_id)  # on the new primary
     assert ran.count(before.task_id) == 1 and ran.count(after.task_id) == 1
 
 
@@ -239,8 +252,9 @@ async def _read(url: str, *task_ids: str) -> list[Job]:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
 async def test_a_primary_made_replica_under_a_connection_refuses_with_not_primary(
-    tmp_path: Path,
+    tmp_path: Path, functions: bool
 ) -> None:
     """Its connections stay open (Redis does not close them), and each write gets READONLY:
     the link drops that connection and every one it opened before (they talk to the same
@@ -251,7 +265,9 @@ async def test_a_primary_made_replica_under_a_connection_refuses_with_not_primar
     target = RedisServer(tmp_path / "target", appendonly=False)
     target.start()
     try:
-        bb = Backburner(target.url("demoted"), settings=WORKER_TEST_SETTINGS)
+        url = target.url("demoted")
+        backend = RedisBackend(url.partition("?")[0], prefix="demoted", functions=functions)
+        bb = Backburner(backend, settings=WORKER_TEST_SETTINGS)
 
         @bb.task()
         async def noop(ctx: JobContext) -> None:
@@ -263,17 +279,26 @@ async def test_a_primary_made_replica_under_a_connection_refuses_with_not_primar
             await asyncio.gather(*(bb.get(first.task_id) for _ in range(50)))
             links = {c["id"] for c in ours_on(target.port)}
             assert len(links) == 2
-            admin = Redis(port=target.port)
-            # A replica of a primary that never answers: read-only, and it keeps its data.
-            admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
-            with pytest.raises(NotPrimaryError, match="replica"):
-                await bb.enqueue("noop")
-            assert admin.keys("{demoted}:j:*") == [b"{demoted}:j:" + first.task_id.encode()]
-            admin.execute_command("REPLICAOF", "NO", "ONE")
+            # A replica of a primary that never answers (a port bound, not listening, for the
+            # test's length): read-only, and it keeps its data.
+            with socket.socket() as nowhere:
+                nowhere.bind(("127.0.0.1", 0))
+                ask(target.port, "REPLICAOF", "127.0.0.1", nowhere.getsockname()[1])
+                with pytest.raises(NotPrimaryError, match="replica"):
+                    await bb.enqueue("noop")
+                # Enqueues at once go as one batch (by EVALSHA, each refused in its place).
+                refused = await asyncio.gather(
+                    *(bb.enqueue("noop") for _ in range(5)), return_exceptions=True
+                )
+                assert all(isinstance(r, NotPrimaryError) for r in refused), refused
+                keys = ask(target.port, "KEYS", "{demoted}:j:*")
+                assert keys == [b"{demoted}:j:" + first.task_id.encode()]
+                ask(target.port, "REPLICAOF", "NO", "ONE")
             job = await bb.enqueue("noop")
             assert job.status is JobStatus.QUEUED
-            assert admin.exists("{demoted}:j:" + job.task_id)
-            assert not links & {c["id"] for c in admin.client_list()}  # dropped, not kept
+            assert ask(target.port, "EXISTS", "{demoted}:j:" + job.task_id)
+            still = {c["id"] for c in ours_on(target.port)}
+            assert not links & still  # dropped, not kept
     finally:
         target.stop()
 
@@ -281,23 +306,31 @@ async def test_a_primary_made_replica_under_a_connection_refuses_with_not_primar
 async def test_a_sentinel_url_is_read_at_once_and_its_service_named_when_unreachable() -> None:
     backend = backend_from_url("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/3?prefix=p")
     assert backend.prefix == "p"  # type: ignore[attr-defined]
-    port = free_port()
-    with socket.socket() as s:  # nothing listens there: connect() names the service
-        s.bind(("127.0.0.1", port))
-    bad = backend_from_url(f"redis+sentinel://127.0.0.1:{port}/svc")
-
-    with pytest.raises(BackendError, match="Sentinel service 'svc'"):
-        await bad.connect()
-    await bad.close()
+    with socket.socket() as nowhere:  # bound, not listening: connect() names the service
+        nowhere.bind(("127.0.0.1", 0))
+        bad = backend_from_url(f"redis+sentinel://127.0.0.1:{nowhere.getsockname()[1]}/svc")
+        with pytest.raises(BackendError, match="Sentinel service 'svc'"):
+            await bad.connect()
+        await bad.close()
 
 
 def _streaming(primary_port: int) -> bool:
     """Whether the primary streams its writes to its replica: after a diskless sync it waits
     for the replica's first acknowledgement (sent within a second), and until then WAIT gets
     no answer from it. An acknowledged offset says it came."""
-    info = Redis(port=primary_port, socket_timeout=5).info("replication")
-    replica = info.get("slave0")
+    replica = replication(primary_port).get("slave0")
     return isinstance(replica, dict) and replica.get("state") == "online" and replica["offset"] > 0
+
+
+def replicated_app(port: int, prefix: str, timeout_ms: int) -> Backburner:
+    url = f"redis://127.0.0.1:{port}/0?prefix={prefix}&replicas=1&replica_timeout_ms={timeout_ms}"
+    bb = Backburner(url, settings=WORKER_TEST_SETTINGS)
+
+    @bb.task()
+    async def noop(ctx: JobContext) -> None:
+        pass
+
+    return bb
 
 
 @pytest.mark.timeout(60)
@@ -305,29 +338,32 @@ async def test_with_replicas_1_an_enqueue_is_acknowledged_once_the_replica_has_i
     sentinel_set: SentinelSet,
 ) -> None:
     primary, replica = sentinel_set.primary, sentinel_set.replica
+    assert replica.proc is not None
     await until(lambda: _streaming(primary.port), "the primary streaming to its replica")
-    url = f"redis://127.0.0.1:{primary.port}/0?prefix=waits&replicas=1&replica_timeout_ms=300"
-    bb = Backburner(url, settings=WORKER_TEST_SETTINGS)
-
-    @bb.task()
-    async def noop(ctx: JobContext) -> None:
-        pass
-
-    async with bb:
+    # (A generous wait where the replica answers, a short one where it cannot.)
+    async with replicated_app(primary.port, "waits", 4000) as bb:
         first = await bb.enqueue("noop")
-        assert Redis(port=replica.port).exists("{waits}:j:" + first.task_id)
-        assert replica.proc is not None
-        os.kill(replica.proc.pid, signal.SIGSTOP)  # a replica that confirms nothing
-        try:
+        assert ask(replica.port, "EXISTS", "{waits}:j:" + first.task_id)
+    os.kill(replica.proc.pid, signal.SIGSTOP)  # a replica that confirms nothing
+    try:
+        async with replicated_app(primary.port, "waits", 300) as impatient:
             started = time.monotonic()
             with pytest.raises(NotReplicatedError, match="0 of the 1 replicas"):
-                await bb.enqueue("noop")
+                await impatient.enqueue("noop", idempotency_key="k1")
             waited = time.monotonic() - started
-        finally:
-            os.kill(replica.proc.pid, signal.SIGCONT)
-        assert 0.3 <= waited < 5.0
+        # The same enqueue repeated by another process (another connection, which wrote
+        # nothing yet): it is a repeat, and still not acknowledged before the replica has it.
+        async with replicated_app(primary.port, "waits", 300) as other:
+            with pytest.raises(NotReplicatedError):
+                await other.enqueue("noop", idempotency_key="k1")
+    finally:
+        os.kill(replica.proc.pid, signal.SIGCONT)
+    assert 0.3 <= waited < 5.0
+    async with replicated_app(primary.port, "waits", 4000) as bb:
+        again = await bb.enqueue("noop", idempotency_key="k1")
+        assert ask(replica.port, "EXISTS", "{waits}:j:" + again.task_id)
         later = await bb.enqueue("noop")
-        assert Redis(port=replica.port).exists("{waits}:j:" + later.task_id)
+        assert ask(replica.port, "EXISTS", "{waits}:j:" + later.task_id)
 
 
 @pytest.mark.timeout(120)
@@ -338,7 +374,7 @@ async def test_with_replicas_1_no_acknowledged_enqueue_is_lost_when_the_primary_
     the replica Sentinel promotes has every one of them."""
     await until(sentinel_set.sentinel.replica_ready, "the Sentinel ready to promote the replica")
     await until(lambda: _streaming(sentinel_set.primary.port), "the primary streaming")
-    url = sentinel_set.url("kept") + "&replicas=1&replica_timeout_ms=5000"
+    url = sentinel_set.url("kept") + "&replicas=1&replica_timeout_ms=4000"
     bb = Backburner(url, settings=WORKER_TEST_SETTINGS)
 
     @bb.task()
@@ -350,7 +386,6 @@ async def test_with_replicas_1_no_acknowledged_enqueue_is_lost_when_the_primary_
         sentinel_set.primary.kill()
     new_port = sentinel_set.replica.port
     await until(lambda: sentinel_set.sentinel.primary_port() == new_port, "the failover", 30)
-    kept = Redis(port=new_port)
-    missing = [job.task_id for job in jobs if not kept.exists("{kept}:j:" + job.task_id)]
+    missing = [j.task_id for j in jobs if not ask(new_port, "EXISTS", "{kept}:j:" + j.task_id)]
     assert missing == []
     assert len({job.task_id for job in jobs}) == 300

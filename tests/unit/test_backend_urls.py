@@ -57,6 +57,9 @@ def test_a_sentinel_url_without_credentials_or_database() -> None:
         ("redis+sentinel://h/m?socket_timeout=1", "unknown option(s) socket_timeout"),
         ("redis+sentinel://h/m?ssl_ca_certs=/ca.pem", "needs TLS"),
         ("redis+sentinel://h/m?prefix=a{b}", "prefix"),
+        ("redis+sentinel://h/m/\u00b2", "is not a number"),
+        ("redis+sentinel://h:\u00b2/m", "not a number in 1..65535"),
+        ("redis+sentinel://h/m?replicas=-1", "replicas must be a whole number"),
     ],
 )
 def test_a_sentinel_url_that_is_not_valid_is_refused_at_once(url: str, message: str) -> None:
@@ -82,6 +85,10 @@ def test_the_sentinel_backend_keeps_its_prefix_and_connects_nowhere_yet() -> Non
             "redis+sentinel://u:***@h1,h2/m/0?sentinel_password=***&prefix=x",
         ),
         ("redis://host/0?password=pw", "redis://host/0?password=***"),
+        ("redis://host/0?password=a#b&x=1", "redis://host/0?password=***&x=1"),
+        ("rediss://host/0?ssl_password=key", "rediss://host/0?ssl_password=***"),
+        ("redis://:pa/ss@host/0", "redis://:***@host/0"),  # (not escaped: hidden all the same)
+        ("redis://u:p?w#d@host:1/0", "redis://u:***@host:1/0"),
         ("sqlite:///x.db", "sqlite:///x.db"),
         ("sqlite:////abs/x.db?synchronous=FULL", "sqlite:////abs/x.db?synchronous=FULL"),
         ("memory://", "memory://"),
@@ -90,6 +97,31 @@ def test_the_sentinel_backend_keeps_its_prefix_and_connects_nowhere_yet() -> Non
 )
 def test_a_url_is_shown_without_its_secrets(url: str, shown: str) -> None:
     assert redacted(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://h/\u00b2", "database number"),
+        ("redis://h/0?replicas=\u00b2", "replicas must be a whole number >= 0"),
+        ("redis://h/0?replicas=x", "replicas must be a whole number >= 0"),
+        ("redis://h/0?replica_timeout_ms=0", "replica_timeout_ms must be a whole number >= 1"),
+        ("redis://:pa/ss@h/zero", "database number"),
+    ],
+)
+def test_a_redis_url_with_a_bad_option_is_refused_without_its_password(
+    url: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)) as refused:
+        Backburner(url)
+    assert "pa/ss" not in str(refused.value)
+
+
+def test_the_replica_options_reach_the_backend_and_not_redis_py() -> None:
+    bb = Backburner("redis://h/0?replicas=2&replica_timeout_ms=250&socket_timeout=3")
+    assert isinstance(bb.backend, RedisBackend)
+    assert (bb.backend.replicas, bb.backend.replica_timeout_ms) == (2, 250)
+    assert bb.backend.url == "redis://h/0?socket_timeout=3"
 
 
 def test_the_cli_refuses_a_bad_sentinel_url_in_one_line_without_its_password() -> None:

@@ -13,6 +13,9 @@ if ik ~= '' then
     local other_fp = redis.call('HGET', jkey(other), '_fp')
     if other_fp then
       if other_fp ~= fp then return {'conflict', other} end
+      -- A write all the same: a WAIT behind this repeat (?replicas=N) waits for the replicas
+      -- to have everything written before it, the first enqueue's write included.
+      redis.call('INCR', P .. 'seq')
       return {'duplicate', read_job(other)}
     end
   end
