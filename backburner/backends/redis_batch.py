@@ -20,7 +20,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..errors import BackendConnectionError, BackendError, NotPrimaryError
-from .redis_link import Arg, RedisLink, Script, demoted
+from .redis_link import Arg, RedisLink, Script, refused_by_replica
 
 MAX_BATCH = 200
 """Calls per batch: Redis runs a batch as one script, and serves nobody else meanwhile."""
@@ -136,7 +136,7 @@ class ScriptBatcher:
             flat.extend(args)
         try:
             replies = await self._run_batch(flat)
-            if _refused_as_replica(replies):
+            if isinstance(replies, list) and any(map(refused_by_replica, replies)):
                 # (By EVALSHA the batch runs, and each group's write is refused in its place.)
                 # Nothing was written: once more, on a new connection, as the link does.
                 self._link().refused()
@@ -146,7 +146,7 @@ class ScriptBatcher:
             for (_, future), reply in zip(batch, replies, strict=True):
                 if future.done():  # its caller was cancelled; the call took effect all the same
                     continue
-                if isinstance(reply, ResponseError) and demoted(str(reply)):
+                if refused_by_replica(reply):
                     future.set_exception(NotPrimaryError(f"Redis is a replica now: {reply}"))
                 elif isinstance(reply, ResponseError):
                     future.set_exception(BackendError(f"Redis refused a command: {reply}"))
@@ -156,9 +156,3 @@ class ScriptBatcher:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
-
-
-def _refused_as_replica(replies: Any) -> bool:
-    return isinstance(replies, list) and any(
-        isinstance(reply, ResponseError) and demoted(str(reply)) for reply in replies
-    )

@@ -56,8 +56,12 @@ FUNCTION_NOT_FOUND = "ERR Function not found"
 """Redis's reply to FCALL of a function it has not loaded (restarted empty, FUNCTION FLUSH)."""
 
 
-def demoted(message: str) -> bool:
-    """Whether an error reply says the Redis is a replica now (a script's says so inside)."""
+def refused_by_replica(reply: object) -> bool:
+    """Whether a reply is a refusal because the Redis is a replica now (READONLY; a script's
+    error says so inside)."""
+    if not isinstance(reply, ResponseError):
+        return False
+    message = str(reply)
     return message.startswith("READONLY") or "-READONLY " in message
 
 
@@ -159,7 +163,7 @@ class _Pipe:
                     continue
                 if isinstance(reply, NoScriptError):
                     future.set_exception(reply)
-                elif isinstance(reply, ResponseError) and demoted(str(reply)):
+                elif refused_by_replica(reply):
                     # Each command queued behind it was answered by the replica too: none wrote.
                     error = NotPrimaryError(f"Redis at {self.where} is a replica now: {reply}")
                     future.set_exception(error)
@@ -277,10 +281,17 @@ class _Lane:
     def send(self, args: tuple[Arg, ...]) -> Awaitable[Any]:
         """The reply to ``args``: the pipe's future at once when the pipe is usable (no
         coroutine of its own: every command pays for each layer it passes through)."""
-        pipe = self.pipe
-        if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
+        pipe = self._ready_pipe()
+        if pipe is None:
             return self._send_on_usable(args)
         return pipe.send(args)
+
+    def _ready_pipe(self) -> _Pipe | None:
+        """Its pipe, if a command may go out on it now (None: open or check one first)."""
+        pipe = self.pipe
+        if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
+            return None
+        return pipe
 
     async def _send_on_usable(self, args: tuple[Arg, ...]) -> Any:
         pipe = await self._usable_pipe()
@@ -290,9 +301,7 @@ class _Lane:
         """The reply to ``args`` once ``replicas`` replicas have it: ``WAIT`` goes right
         behind it on the same connection (it waits for every write before it there).
         NotReplicatedError if fewer confirm within ``timeout_ms``."""
-        pipe = self.pipe
-        if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
-            pipe = await self._usable_pipe()
+        pipe = self._ready_pipe() or await self._usable_pipe()
         # WAIT covers the last write this connection made: the script's (a repeated enqueue
         # writes too, so that the first one's write is covered however it went).
         reply, confirmed = pipe.send(args), pipe.send(("WAIT", replicas, timeout_ms))
