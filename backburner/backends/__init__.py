@@ -6,7 +6,13 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError, MissingDependencyError
 from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats
-from .urls import SENTINEL_SCHEMES, parse_sentinel_url, redacted
+from .urls import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    parse_cluster_url,
+    parse_sentinel_url,
+    redacted,
+)
 
 __all__ = [
     "Backend",
@@ -26,7 +32,8 @@ _SQLITE_OPTIONS = {"synchronous", "poll_interval_ms"}
 
 def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
     """Make a backend from a URL: ``sqlite:///path.db``, ``redis://host:6379/0``,
-    ``redis+sentinel://host:26379/service/0`` (backends/urls.py), ``memory://``.
+    ``redis+sentinel://host:26379/service/0``, ``redis+cluster://host:6379,host2:6379``
+    (backends/urls.py), ``memory://``.
 
     Engines are imported lazily, so a URL names only what it needs installed.
     """
@@ -67,13 +74,14 @@ def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
             synchronous=options.get("synchronous", "NORMAL"),
             poll_interval_s=poll_ms / 1000,
         )
-    if scheme in ("redis", "rediss", *SENTINEL_SCHEMES):
+    if scheme in ("redis", "rediss", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES):
         return _redis_backend(url, max_queue_size)
     if scheme in ("postgresql", "postgres"):
         raise ConfigurationError(f"the {scheme}:// backend is not available yet")
     raise ConfigurationError(
         f"unknown backend URL {redacted(url)!r}: expected sqlite:///path.db, "
-        "redis://host:6379/0, redis+sentinel://host:26379/service/0 or memory://"
+        "redis://host:6379/0, redis+sentinel://host:26379/service/0, "
+        "redis+cluster://host:6379 or memory://"
     )
 
 
@@ -94,6 +102,8 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
     timeout_ms = _count(ours.get("replica_timeout_ms", "1000"), "replica_timeout_ms", url)
     if parts.scheme.lower() in SENTINEL_SCHEMES:
         parse_sentinel_url(url)  # a URL that is not valid is refused here, not at connect()
+    elif parts.scheme.lower() in CLUSTER_SCHEMES:
+        parse_cluster_url(url)
     elif parts.path not in ("", "/") and not _whole(parts.path[1:]):
         raise ConfigurationError(
             f"invalid Redis URL {redacted(url)!r}: the path is a database number, as in "

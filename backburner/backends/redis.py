@@ -217,7 +217,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self.max_queue_size = max_queue_size
         self._p = "{" + prefix + "}:"
         self._tag_key = self._p + "seq"
-        self._endpoint = RedisEndpoint(url)
+        self._endpoint = RedisEndpoint(url, self._tag_key)
         self._where = self._endpoint.where
         self.functions = functions
         if replicas < 0 or replica_timeout_ms <= 0:
@@ -244,6 +244,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._wake: WakeChannel | None = None
         self._watcher: StreamWatcher | None = None
         self._connect_lock: asyncio.Lock | None = None
+        self._moving: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -271,6 +272,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             replicas=self.replicas,
             replica_timeout_ms=self.replica_timeout_ms,
         )
+        self._link.on_moved = self._slot_moved
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
@@ -300,6 +302,22 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             if reader is not None:
                 await reader.reconnect()
 
+    def _slot_moved(self, reply: str) -> bool:
+        """A Cluster node answered MOVED: the link reconnects (to the node it names); so do
+        the blocking readers, whose connections are to the old node too."""
+        if not self._endpoint.redirected(reply):
+            return False
+        log.warning("Redis at %s: %s; reconnecting", self._where, reply)
+        task = asyncio.get_running_loop().create_task(self._reconnect_readers())
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+        return True
+
+    async def _reconnect_readers(self) -> None:
+        for reader in (self._wake, self._watcher):
+            if reader is not None:
+                await reader.reconnect()
+
     async def _load_code(self, link: RedisLink) -> None:
         """Load the library (and call its functions from now on) or, failing that, the
         scripts: a call then never waits for its code to load, but after a Redis restart."""
@@ -320,6 +338,11 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
 
     async def close(self) -> None:
         await self._endpoint.close()  # (first: no failover starts reconnecting what closes)
+        moving = list(self._moving)
+        for task in moving:
+            task.cancel()
+        if moving:
+            await asyncio.wait(moving, timeout=2.0)
         link, self._link = self._link, None
         wake, self._wake = self._wake, None
         if wake is not None:
@@ -650,7 +673,7 @@ async def delete_all_keys(url: str, prefix: str) -> int:
     For tests and benchmarks, which each use a prefix of their own; returns how many keys."""
     from redis.asyncio import Redis
 
-    endpoint = RedisEndpoint(url)
+    endpoint = RedisEndpoint(url, "{" + prefix + "}:seq")
     pool = endpoint.pool()
     client = Redis(connection_pool=pool)
     deleted = 0

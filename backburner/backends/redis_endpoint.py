@@ -1,5 +1,6 @@
-"""The Redis a backend talks to: one address (``redis://``), or the primary its Sentinels name
-(``redis+sentinel://``), asked again for every new connection.
+"""The Redis a backend talks to: one address (``redis://``), the primary its Sentinels name
+(``redis+sentinel://``), asked again for every new connection, or the node of a Redis Cluster
+that serves the deployment's slot (``redis+cluster://``, redis_cluster.py).
 
 A failover is acted on when a Sentinel announces it (``+switch-master``): the backend drops its
 connections then, and new ones go to the new primary. Without that, connections to an old
@@ -20,7 +21,14 @@ from redis.asyncio import ConnectionPool
 from redis.exceptions import RedisError
 
 from ..aio import wait_set
-from .urls import SentinelAddress, is_sentinel_url, parse_sentinel_url
+from .redis_cluster import ClusterNodes
+from .urls import (
+    SentinelAddress,
+    is_cluster_url,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 
 log = logging.getLogger("backburner.redis")
 
@@ -34,9 +42,11 @@ SWITCH_CHANNEL = "+switch-master"
 class RedisEndpoint:
     """Makes connection pools for one backend URL and closes what they share."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tag_key: str = "{bb}:seq") -> None:
+        """``tag_key``: a key of the deployment (they share its slot), for a Cluster URL."""
         self.url = url
         self.sentinel: SentinelAddress | None = None
+        self.cluster: ClusterNodes | None = None
         self._manager: Any = None
         """The Sentinel client (redis-py's), shared by this endpoint's pools."""
         self._watching: asyncio.Task[None] | None = None
@@ -44,6 +54,10 @@ class RedisEndpoint:
         if is_sentinel_url(url):
             self.sentinel = parse_sentinel_url(url)
             self.where = self.sentinel.describe()
+        elif is_cluster_url(url):
+            address = parse_cluster_url(url)
+            self.cluster = ClusterNodes(address, tag_key)
+            self.where = address.describe()
         else:
             from urllib.parse import urlsplit
 
@@ -53,6 +67,15 @@ class RedisEndpoint:
     def pool(self, **options: Any) -> ConnectionPool:
         """A new pool of connections to the primary (``options``: redis-py's connection
         options, such as timeouts)."""
+        if self.cluster is not None:
+            first_host, first_port = self.cluster.address.nodes[0]  # (each connection's own)
+            return ConnectionPool(
+                connection_class=self.cluster.connection_class(),
+                host=first_host,
+                port=first_port,
+                **self.cluster.connection_options(),
+                **options,
+            )
         address = self.sentinel
         if address is None:
             return ConnectionPool.from_url(self.url, **options)
@@ -80,6 +103,11 @@ class RedisEndpoint:
             **tls,
             **options,
         )
+
+    def redirected(self, message: str) -> bool:
+        """A command was answered ``message``, an error: whether it was a Cluster's ``MOVED``,
+        after which new connections go to the node it names."""
+        return self.cluster is not None and self.cluster.moved(message)
 
     def watch_failovers(self, moved: Callable[[str], Awaitable[None]]) -> None:
         """For a Sentinel URL, call ``moved`` (with a description) whenever a Sentinel

@@ -65,6 +65,16 @@ def refused_by_replica(reply: object) -> bool:
     return message.startswith("READONLY") or "-READONLY " in message
 
 
+def moved(reply: object) -> bool:
+    """Whether a reply is a Redis Cluster's ``MOVED``: the node does not serve the command's
+    slot (now); nothing was done."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("MOVED ")
+
+
+CLUSTER_UNAVAILABLE = ("CLUSTERDOWN", "TRYAGAIN", "ASK ")
+"""A Cluster's refusals while it fails over or moves the slot: try again later."""
+
+
 def _reply_error(message: str) -> ResponseError:
     if message.startswith(("NOSCRIPT", FUNCTION_NOT_FOUND)):
         return NoScriptError(message)
@@ -94,15 +104,19 @@ class _Pipe:
         connection: AbstractConnection,
         where: str,
         reply_timeout_s: float,
-        on_refused: Callable[[], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
-        """``on_refused``: called when a reply says the Redis is a replica now (READONLY),
-        after this pipe failed its commands with NotPrimaryError."""
+        """``on_refused``: called with the reply when one says the Redis is a replica now
+        (READONLY) or does not serve the keys (a Cluster's MOVED), after this pipe failed its
+        commands with NotPrimaryError."""
         self.connection = connection
         self._on_refused = on_refused
         self.where = where
         self.reply_timeout_s = reply_timeout_s
         self.alive = True
+        self.retired = False
+        """Nothing more is sent on it; it closes once its commands are answered (retire)."""
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self._loop = asyncio.get_running_loop()
         self.last_active = self._loop.time()
@@ -163,14 +177,20 @@ class _Pipe:
                     continue
                 if isinstance(reply, NoScriptError):
                     future.set_exception(reply)
-                elif refused_by_replica(reply):
-                    # Each command queued behind it was answered by the replica too: none wrote.
-                    error = NotPrimaryError(f"Redis at {self.where} is a replica now: {reply}")
+                elif refused_by_replica(reply) or moved(reply):
+                    # Each command queued behind it was refused too: none wrote.
+                    error = NotPrimaryError(_refusal(self.where, reply))
                     future.set_exception(error)
                     self.fail(error)
                     if self._on_refused is not None:
-                        self._on_refused()
+                        self._on_refused(str(reply))
                     return
+                elif isinstance(reply, ResponseError) and str(reply).startswith(
+                    CLUSTER_UNAVAILABLE
+                ):
+                    future.set_exception(
+                        BackendConnectionError(f"Redis at {self.where}: {reply} (try again)")
+                    )
                 elif isinstance(reply, ResponseError):
                     future.set_exception(BackendError(f"Redis refused a command: {reply}"))
                 else:
@@ -179,6 +199,16 @@ class _Pipe:
             self.fail(BackendConnectionError(f"Redis at {self.where}: {exc}"))
             return
         self.last_active = self._progress = self._loop.time()
+        if self.retired and not waiting:
+            self.fail(BackendError("retired"))  # (nobody waits: fails no one)
+
+    def retire(self) -> None:
+        """Send nothing more on it, and close it once the commands sent are answered: a
+        command that its Redis refuses there (it is a replica now, or moved the keys) fails
+        with NotPrimaryError, which its caller sends again; one it answered is answered."""
+        self.retired = True
+        if not self.waiting:
+            self.fail(BackendError("retired"))
 
     def _watch(self) -> None:
         # A timer, not a timeout around every read: a read costs nothing extra this way.
@@ -206,6 +236,16 @@ class _Pipe:
             if not future.done():
                 future.set_exception(error)
         self._transport.close()
+        self.closed.set_result(None)
+
+
+def _refusal(where: str, reply: object) -> str:
+    if moved(reply):
+        return (
+            f"Redis at {where} does not serve these keys ({reply}): a Redis Cluster is "
+            "named by redis+cluster://host:port"
+        )
+    return f"Redis at {where} is a replica now: {reply}"
 
 
 def take_over(
@@ -289,7 +329,12 @@ class _Lane:
     def _ready_pipe(self) -> _Pipe | None:
         """Its pipe, if a command may go out on it now (None: open or check one first)."""
         pipe = self.pipe
-        if pipe is None or not pipe.alive or (not pipe.waiting and pipe.idle_too_long()):
+        if (
+            pipe is None
+            or not pipe.alive
+            or pipe.retired
+            or (not pipe.waiting and pipe.idle_too_long())
+        ):
             return None
         return pipe
 
@@ -336,14 +381,14 @@ class _Lane:
 
     async def _open(self) -> _Pipe:
         pipe = self.pipe
-        if pipe is not None and pipe.alive:
+        if pipe is not None and pipe.alive and not pipe.retired:
             # Idle a while: make sure it still answers before trusting it with a write.
             try:
                 await pipe.send(("PING",))
                 return pipe
             except BackendError:
                 pass
-        await self.close()
+        await self.drop(BackendError("the Redis backend is closed"), retired_too=False)
         link = self._link
         for _ in range(2):
             generation = link.generation
@@ -369,14 +414,18 @@ class _Lane:
     async def close(self) -> None:
         await self.drop(BackendError("the Redis backend is closed"))
 
-    async def drop(self, error: Exception) -> None:
+    async def drop(self, error: Exception, *, retired_too: bool = True) -> None:
         """Drop its connection (the commands awaiting a reply fail with ``error``); the next
-        command opens a new one."""
+        command opens a new one. A retired connection is left to close by itself, unless
+        ``retired_too``."""
         pipe, self.pipe = self.pipe, None
-        if pipe is not None:
-            pipe.fail(error)
-            await pipe.connection.disconnect(nowait=True)
-            await self._link.pool.release(pipe.connection)
+        if pipe is None:
+            return
+        if pipe.retired and pipe.alive and not retired_too:
+            self._link.release_when_closed(pipe)
+            return
+        pipe.fail(error)
+        await self._link.release(pipe)
 
 
 class RedisLink:
@@ -406,8 +455,12 @@ class RedisLink:
         self.functions = False
         """Scripts go as FCALL of their library's functions (set once the library is loaded)."""
         self.generation = 0
-        """How many times every connection was dropped for a failover (reconnect)."""
+        """How many times every connection was dropped for a failover (reconnect, refused)."""
+        self.on_moved: Callable[[str], bool] | None = None
+        """Told of a Cluster's MOVED reply before the connections are dropped (refused);
+        returns whether new connections now go where it says."""
         self._lanes = [_Lane(self) for _ in range(max(1, connections))]
+        self._retiring: set[asyncio.Task[None]] = set()
         # A client blocked in WAIT has nothing else it sent answered meanwhile: the replicated
         # writes get a connection of their own, so a slow replica holds up only them.
         self._waiting_lane = _Lane(self, extra_reply_s=replica_timeout_ms / 1000)
@@ -419,16 +472,43 @@ class RedisLink:
         self.started = False
         for lane in (*self._lanes, self._waiting_lane):
             await lane.close()
+        closing = list(self._retiring)
+        for task in closing:
+            task.cancel()
+        if closing:
+            await asyncio.wait(closing)
 
-    def refused(self) -> None:
-        """A connection's Redis answered as a replica: so would the others', opened before it
-        changed. They are dropped at once (before any other command goes out on them); their
-        commands awaiting a reply fail with BackendConnectionError, as they may have run
-        before it changed."""
-        error = BackendConnectionError(f"Redis at {self.where}: it is a replica now")
+    def release_when_closed(self, pipe: _Pipe) -> None:
+        """Give a retired pipe's connection back to the pool once it has closed (its last
+        reply, or its reply timeout, comes first; the link's close, sooner)."""
+        task = asyncio.get_running_loop().create_task(self._release_closed(pipe))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _release_closed(self, pipe: _Pipe) -> None:
+        try:
+            await asyncio.shield(pipe.closed)
+        finally:
+            pipe.fail(BackendError("the Redis backend is closed"))
+            await self.release(pipe)
+
+    async def release(self, pipe: _Pipe) -> None:
+        """Close a pipe's connection and give it back to the pool."""
+        await pipe.connection.disconnect(nowait=True)
+        await self.pool.release(pipe.connection)
+
+    def refused(self, reply: str = "") -> None:
+        """A connection's Redis answered as a replica (or, in a Cluster, as a node that does
+        not serve the slot now: MOVED): so would the others', opened before it changed. They
+        are retired at once (no other command goes out on them; the next ones go on new
+        connections): each of their commands gets its own answer, a refusal sent again by
+        its caller. A connection being opened meanwhile is opened again."""
+        self.generation += 1
+        if reply.startswith("MOVED ") and self.on_moved is not None:
+            self.on_moved(reply)
         for lane in (*self._lanes, self._waiting_lane):
             if lane.pipe is not None:
-                lane.pipe.fail(error)
+                lane.pipe.retire()
 
     async def reconnect(self, reason: str) -> None:
         """Drop every connection: the next commands open new ones (after a failover, to the

@@ -1,4 +1,5 @@
-"""Backend URLs: the Sentinel form of a Redis URL, and any URL with its secrets hidden.
+"""Backend URLs: the Sentinel and Cluster forms of a Redis URL, and any URL with its secrets
+hidden.
 
 ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db][?options]``
 names a Redis primary by the service name its Sentinels monitor (``sentinel monitor <service>
@@ -7,6 +8,12 @@ password are the primary's (as in ``redis://``); options: ``prefix`` (the key pr
 ``redis://``), ``sentinel_username`` and ``sentinel_password`` (when the Sentinels require
 their own), ``ssl_ca_certs`` (a CA file for TLS), ``replicas`` and ``replica_timeout_ms`` (as
 for ``redis://``: docs/redis.md). A Sentinel's port defaults to 26379.
+
+``redis+cluster://[[user]:password@]host[:port][,host[:port]...][/0][?options]`` names a Redis
+Cluster by some of its nodes (any of them, primaries or replicas: each is asked, in turn, which
+node serves the deployment's hash slot); ``rediss+cluster://`` speaks TLS to them. A node's
+port defaults to 6379; a Cluster has one database, 0. Options: ``prefix``, ``replicas``,
+``replica_timeout_ms``, ``ssl_ca_certs``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,12 @@ from ..errors import ConfigurationError
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 """The Sentinel schemes, each with whether it speaks TLS."""
 
+CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
+"""The Cluster schemes, each with whether it speaks TLS."""
+
 SENTINEL_PORT = 26379
+REDIS_PORT = 6379
+CLUSTER_OPTIONS = frozenset({"prefix", "replicas", "replica_timeout_ms", "ssl_ca_certs"})
 SENTINEL_OPTIONS = frozenset(
     {
         "prefix",
@@ -55,6 +67,71 @@ class SentinelAddress:
         return f"Sentinel service {self.service!r} ({hosts})"
 
 
+@dataclass(frozen=True)
+class ClusterAddress:
+    """Where a ``redis+cluster://`` URL points: some nodes of the Cluster, the credentials."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    ssl_ca_certs: str | None = None
+
+    def describe(self) -> str:
+        """For messages: the nodes named, no secrets."""
+        return "Cluster (" + ",".join(f"{_host_text(h)}:{p}" for h, p in self.nodes) + ")"
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterAddress:
+    """The ClusterAddress a ``redis+cluster://`` URL names; ConfigurationError, naming what is
+    wrong, for one that is not valid."""
+    shown = redacted(url)
+    what = f"invalid Cluster URL {shown!r}"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigurationError(f"{what}: {exc}") from None
+    credentials, _, hosts_text = parts.netloc.rpartition("@")
+    if not hosts_text:
+        raise ConfigurationError(f"{what}: name at least one node")
+    nodes = tuple(_address(text, what, REDIS_PORT) for text in hosts_text.split(","))
+    if parts.path not in ("", "/", "/0"):
+        raise ConfigurationError(f"{what}: a Cluster has one database, 0 (the path is /0 or none)")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    _check_options(options, CLUSTER_OPTIONS, what)
+    username, password = _credentials(credentials)
+    tls = CLUSTER_SCHEMES[parts.scheme.lower()]
+    if options.get("ssl_ca_certs") and not tls:
+        raise ConfigurationError(f"{what}: ssl_ca_certs needs TLS (rediss+cluster://)")
+    return ClusterAddress(
+        nodes=nodes,
+        username=username,
+        password=password,
+        tls=tls,
+        ssl_ca_certs=options.get("ssl_ca_certs") or None,
+    )
+
+
+def _check_options(options: dict[str, str], known: frozenset[str], what: str) -> None:
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigurationError(
+            f"{what}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+
+
+def _credentials(text: str) -> tuple[str | None, str | None]:
+    """The user name and password of a URL's ``user:password`` part (None: not given)."""
+    if not text:
+        return None, None
+    user, has_password, secret = text.partition(":")
+    return unquote(user) or None, unquote(secret) if has_password else None
+
+
 def is_sentinel_url(url: str) -> bool:
     return urlsplit(url).scheme.lower() in SENTINEL_SCHEMES
 
@@ -70,7 +147,8 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
     credentials, _, hosts_text = parts.netloc.rpartition("@")
     if not hosts_text:
         raise ConfigurationError(f"invalid Sentinel URL {shown!r}: name at least one Sentinel")
-    sentinels = tuple(_sentinel(text, shown) for text in hosts_text.split(","))
+    what = f"invalid Sentinel URL {shown!r}"
+    sentinels = tuple(_address(text, what, SENTINEL_PORT) for text in hosts_text.split(","))
     names = [unquote(name) for name in parts.path.split("/")[1:]]
     if not names or not names[0] or len(names) > 2:
         raise ConfigurationError(
@@ -85,17 +163,8 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
             )
         db = int(names[1])
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(set(options) - SENTINEL_OPTIONS)
-    if unknown:
-        raise ConfigurationError(
-            f"invalid Sentinel URL {shown!r}: unknown option(s) {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(SENTINEL_OPTIONS))})"
-        )
-    username, password = None, None
-    if credentials:
-        user, has_password, secret = credentials.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if has_password else None
+    _check_options(options, SENTINEL_OPTIONS, what)
+    username, password = _credentials(credentials)
     tls = SENTINEL_SCHEMES[parts.scheme.lower()]
     if options.get("ssl_ca_certs") and not tls:
         raise ConfigurationError(
@@ -114,24 +183,22 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
     )
 
 
-def _sentinel(text: str, shown: str) -> tuple[str, int]:
-    """One ``host[:port]`` (``[IPv6][:port]``) of the URL's list of Sentinels."""
+def _address(text: str, what: str, default_port: int) -> tuple[str, int]:
+    """One ``host[:port]`` (``[IPv6][:port]``) of a URL's list of hosts."""
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
-            raise ConfigurationError(f"invalid Sentinel URL {shown!r}: bad address {text!r}")
+            raise ConfigurationError(f"{what}: bad address {text!r}")
         port_text = rest[1:] if rest else None
     else:
         host, colon, after = text.partition(":")
         port_text = after if colon else None
     if not host:
-        raise ConfigurationError(f"invalid Sentinel URL {shown!r}: a Sentinel has no host")
+        raise ConfigurationError(f"{what}: an address has no host")
     if port_text is None:
-        return host, SENTINEL_PORT
+        return host, default_port
     if not _number(port_text) or not 0 < int(port_text) < 65536:
-        raise ConfigurationError(
-            f"invalid Sentinel URL {shown!r}: the port of {host} is not a number in 1..65535"
-        )
+        raise ConfigurationError(f"{what}: the port of {host} is not a number in 1..65535")
     return host, int(port_text)
 
 

@@ -1,5 +1,5 @@
-"""Sentinel URLs are read into what they name or refused with what is wrong; any backend URL
-is printed without its secrets."""
+"""Sentinel and Cluster URLs are read into what they name or refused with what is wrong; any
+backend URL is printed without its secrets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import pytest
 
 from backburner import Backburner
 from backburner.backends.redis import RedisBackend
-from backburner.backends.urls import SentinelAddress, parse_sentinel_url, redacted
+from backburner.backends.redis_cluster import moved_to
+from backburner.backends.urls import (
+    ClusterAddress,
+    SentinelAddress,
+    parse_cluster_url,
+    parse_sentinel_url,
+    redacted,
+)
 from backburner.errors import ConfigurationError
 
 from .test_cli import assert_one_line_error, run
@@ -51,7 +58,7 @@ def test_a_sentinel_url_without_credentials_or_database() -> None:
         ("redis+sentinel://h:0/m", "not a number in 1..65535"),
         ("redis+sentinel://h:99999/m", "not a number in 1..65535"),
         ("redis+sentinel://h:port/m", "not a number in 1..65535"),
-        ("redis+sentinel://h,/m", "a Sentinel has no host"),
+        ("redis+sentinel://h,/m", "an address has no host"),
         ("redis+sentinel://[::1/m", "Invalid IPv6 URL"),
         ("redis+sentinel://[::1]x/m", "bad address"),
         ("redis+sentinel://h/m?socket_timeout=1", "unknown option(s) socket_timeout"),
@@ -74,6 +81,65 @@ def test_the_sentinel_backend_keeps_its_prefix_and_connects_nowhere_yet() -> Non
     assert "prefix" not in bb.backend.url
 
 
+def test_a_cluster_url_names_nodes_and_credentials() -> None:
+    address = parse_cluster_url(
+        "rediss+cluster://app:p%40ss@n1,n2:7001,[::1]:7002/0?ssl_ca_certs=/etc/ca.pem&prefix=x"
+    )
+    assert address == ClusterAddress(
+        nodes=(("n1", 6379), ("n2", 7001), ("::1", 7002)),
+        username="app",
+        password="p@ss",
+        tls=True,
+        ssl_ca_certs="/etc/ca.pem",
+    )
+    assert address.describe() == "Cluster (n1:6379,n2:7001,[::1]:7002)"
+    assert parse_cluster_url("redis+cluster://10.0.0.5") == ClusterAddress((("10.0.0.5", 6379),))
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+cluster://", "name at least one node"),
+        ("redis+cluster:///0", "name at least one node"),
+        ("redis+cluster://h/1", "one database, 0"),
+        ("redis+cluster://h/0/x", "one database, 0"),
+        ("redis+cluster://h:0", "not a number in 1..65535"),
+        ("redis+cluster://h,", "an address has no host"),
+        ("redis+cluster://h?socket_timeout=1", "unknown option(s) socket_timeout"),
+        ("redis+cluster://h?ssl_ca_certs=/ca.pem", "needs TLS"),
+        ("redis+cluster://h?prefix=a{b}", "prefix"),
+        ("redis+cluster://h?replicas=x", "replicas must be a whole number"),
+    ],
+)
+def test_a_cluster_url_that_is_not_valid_is_refused_at_once(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"invalid .*{re.escape(message)}"):
+        Backburner(url)
+
+
+def test_the_cluster_backend_keeps_its_options_and_connects_nowhere_yet() -> None:
+    bb = Backburner("redis+cluster://127.0.0.1:9,127.0.0.1:10?prefix=orders&replicas=1")
+    assert isinstance(bb.backend, RedisBackend)
+    assert (bb.backend.prefix, bb.backend.replicas) == ("orders", 1)
+    assert bb.backend.url == "redis+cluster://127.0.0.1:9,127.0.0.1:10"
+
+
+@pytest.mark.parametrize(
+    ("message", "node"),
+    [
+        ("MOVED 8620 127.0.0.1:7102", ("127.0.0.1", 7102)),
+        ("MOVED 1 [::1]:7000", ("::1", 7000)),
+        ("MOVED 1 :7000", ("", 7000)),  # a node that does not know its address
+        ("MOVED 1 host", None),
+        ("ASK 1 h:1", None),
+        ("READONLY You can't write against a read only replica.", None),
+    ],
+)
+def test_a_moved_reply_names_the_node_serving_the_slot(
+    message: str, node: tuple[str, int] | None
+) -> None:
+    assert moved_to(message) == node
+
+
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
@@ -84,6 +150,7 @@ def test_the_sentinel_backend_keeps_its_prefix_and_connects_nowhere_yet() -> Non
             "redis+sentinel://u:p%40ss@h1,h2/m/0?sentinel_password=sp&prefix=x",
             "redis+sentinel://u:***@h1,h2/m/0?sentinel_password=***&prefix=x",
         ),
+        ("redis+cluster://u:pw@h1,h2:7000?prefix=x", "redis+cluster://u:***@h1,h2:7000?prefix=x"),
         ("redis://host/0?password=pw", "redis://host/0?password=***"),
         ("redis://host/0?password=a#b&x=1", "redis://host/0?password=***&x=1"),
         ("rediss://host/0?ssl_password=key", "rediss://host/0?ssl_password=***"),
