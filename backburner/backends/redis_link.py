@@ -457,8 +457,8 @@ class RedisLink:
         self.generation = 0
         """How many times every connection was dropped for a failover (reconnect, refused)."""
         self.on_moved: Callable[[str], bool] | None = None
-        """Told of a Cluster's MOVED reply before the connections are dropped (refused);
-        returns whether new connections now go where it says."""
+        """Told of each refusal before the connections are retired (refused); returns
+        whether it was a Cluster's MOVED, after which new connections go where it says."""
         self._lanes = [_Lane(self) for _ in range(max(1, connections))]
         self._retiring: set[asyncio.Task[None]] = set()
         # A client blocked in WAIT has nothing else it sent answered meanwhile: the replicated
@@ -504,7 +504,7 @@ class RedisLink:
         connections): each of their commands gets its own answer, a refusal sent again by
         its caller. A connection being opened meanwhile is opened again."""
         self.generation += 1
-        if reply.startswith("MOVED ") and self.on_moved is not None:
+        if self.on_moved is not None:
             self.on_moved(reply)
         for lane in (*self._lanes, self._waiting_lane):
             if lane.pipe is not None:
