@@ -56,6 +56,7 @@ from .redis_codec import (
     priority_code,
 )
 from .redis_endpoint import RedisEndpoint
+from .redis_eviction import warn_if_evicting
 from .redis_link import RedisLink, Script
 from .redis_reads import READ_SCRIPTS, RedisReads, text
 from .redis_scripts import BATCH_SUFFIX, Library, load_batched_script, load_script
@@ -63,7 +64,12 @@ from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layo
 from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
-from .redis_webhooks import WEBHOOK_SAFE_TO_REPEAT, WEBHOOK_SCRIPTS, RedisWebhookOutbox
+from .redis_webhooks import (
+    WEBHOOK_READS,
+    WEBHOOK_SAFE_TO_REPEAT,
+    WEBHOOK_SCRIPTS,
+    RedisWebhookOutbox,
+)
 
 log = logging.getLogger("backburner.redis")
 
@@ -108,6 +114,18 @@ _SAFE_TO_REPEAT = frozenset(
 twice)."""
 
 
+_FLAGS = {
+    **{name: "no-writes" for name in (*READ_SCRIPTS, *WEBHOOK_READS, "next_due")},
+    **{
+        name: "allow-oom" for name in ("delete", "purge_expired", "poll_cancellations", "heartbeat")
+    },
+}
+"""The Redis function flags of the scripts that write nothing (``no-writes``), or only delete
+or overwrite in place (``allow-oom``: a heartbeat adds a field only for a new worker). Unlike
+the others, they run on a Redis that is out of memory (past ``maxmemory`` with
+``noeviction``): jobs are still read, finished ones deleted, and running ones keep their
+leases. By EVALSHA, Redis refuses a script's first write that may add data instead."""
+
 _BATCHED = {"enqueue": (None, 200, True), "finish": ("finish_many", 32, False)}
 """The scripts a process calls many times in one loop turn: each has a batch form (made by
 load_batched_script with this main script), of at most so many calls, and whether its batcher
@@ -120,7 +138,8 @@ drain: about a fifth faster in two alternating series, half as many calls)."""
 
 def _load_scripts() -> tuple[Library, dict[str, Script]]:
     """The scripts, as Lua scripts and as the functions of one library (either runs)."""
-    library = Library(_SCRIPTS, {name: main for name, (main, _, _) in _BATCHED.items()})
+    batched = {name: main for name, (main, _, _) in _BATCHED.items()}
+    library = Library(_SCRIPTS, batched, _FLAGS)
     scripts = {name: load_script(name) for name in _SCRIPTS}
     for name, (main, _, _) in _BATCHED.items():
         scripts[name + BATCH_SUFFIX] = load_batched_script(name, main)
@@ -245,6 +264,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._watcher: StreamWatcher | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._moving: set[asyncio.Task[None]] = set()
+        self.eviction_policy: str | None = None
+        """Redis's maxmemory-policy as read at connect (None: not read); any but noeviction
+        was warned about (redis_eviction)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -276,9 +298,10 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
-            layout, _ = await asyncio.gather(
+            layout, _, self.eviction_policy = await asyncio.gather(
                 self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
                 self._load_code(self._link),
+                warn_if_evicting(self._link, self._where),
             )
             if not check_layout(layout, where):
                 # A new store, or one of an earlier layout: returns once up to date.

@@ -148,7 +148,16 @@ class Library:
     name holds a digest of its source: releases that differ load libraries that differ, side by
     side, and a library of that name is the same code whoever loaded it."""
 
-    def __init__(self, names: Sequence[str], batched: Mapping[str, str | None]) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        batched: Mapping[str, str | None],
+        flags: Mapping[str, str] | None = None,
+    ) -> None:
+        """``batched``: the scripts that also get a batch form (``load_batched_script``),
+        each with its main script or None. ``flags``: a Redis function flag for a script
+        (``no-writes``, ``allow-oom``); one without has none, so Redis refuses to start it
+        when memory is past ``maxmemory`` (before it writes anything)."""
         prelude = _lua("prelude")
         defined = {name for names_, _ in _statements(prelude) for name in names_}
         missing = [name for name in CALL_STATE if name != "ARGV" and name not in defined]
@@ -169,12 +178,19 @@ class Library:
         resets = "; ".join(f"{n} = {'args' if n == 'ARGV' else 'nil'}" for n in CALL_STATE)
         parts.append(f"local function enter(args) {resets} end\nreturn enter, S\nend\n")
         body = "".join(parts)
+        flags = flags or {}
+        unknown = set(flags) - set(self.scripts)
+        if unknown:
+            raise ValueError(f"flags for scripts not in the library: {sorted(unknown)}")
         # Everything but the name itself, which the function names repeat.
-        digest = hashlib.sha1("\n".join([body, _LIBRARY_CALL, *self.scripts]).encode())
+        flagged = [f"{name}:{flags[name]}" for name in sorted(flags)]
+        digest = hashlib.sha1("\n".join([body, _LIBRARY_CALL, *self.scripts, *flagged]).encode())
         self.name = "bb_" + digest.hexdigest()[:12]
         registered = "".join(
-            f"redis.register_function('{self.function_name(n)}', "
-            f"function(keys, args) return call({n!r}, args) end)\n"
+            f"redis.register_function{{function_name='{self.function_name(n)}', "
+            f"callback=function(keys, args) return call({n!r}, args) end"
+            + (f", flags={{'{flags[n]}'}}" if n in flags else "")
+            + "}\n"
             for n in self.scripts
         )
         self.source = f"#!lua name={self.name}\n" + body + _LIBRARY_CALL + registered

@@ -30,9 +30,10 @@ WEBHOOK_SCRIPTS = (
     "webhook_counts",
     "failed_webhooks",
 )
-WEBHOOK_SAFE_TO_REPEAT = frozenset(
-    {"read_webhooks", "redeliver_webhook", "webhook_counts", "failed_webhooks"}
-)
+WEBHOOK_READS = ("read_webhooks", "webhook_counts", "failed_webhooks")
+"""The scripts of WEBHOOK_SCRIPTS that write nothing."""
+
+WEBHOOK_SAFE_TO_REPEAT = frozenset({*WEBHOOK_READS, "redeliver_webhook"})
 """Reads, and a redelivery: sent twice, it leaves the message as once but for one more claim
 number, which at most fences out an attempt begun in between (the message is then sent again,
 as at-least-once delivery allows)."""

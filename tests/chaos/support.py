@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -276,6 +276,18 @@ class RedisServer:
 
     def log_tail(self, chars: int = 3000) -> str:
         return self._log.read_text(errors="replace")[-chars:] if self._log.exists() else ""
+
+
+def started_redis(tmp_path: Path, *config: str) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (no persistence), with these config lines, for a
+    fixture to ``yield from``."""
+    require_redis_backend()
+    server = RedisServer(tmp_path / "redis", appendonly=False, config=config)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 # -- markers (written by tests/chaosapp.py) --------------------------------------------------

@@ -20,7 +20,7 @@ from backburner.backends.redis_scripts import MAX_PREFIXES
 from backburner.errors import BackendError
 from backburner.models import JobStatus
 
-from ..chaos.support import RedisServer, require_redis_backend
+from ..chaos.support import RedisServer, started_redis
 from ..conformance._support import T0, claim_one, enqueue, new_job
 from ..conftest import REDIS_TEST_URL, require_redis
 
@@ -39,26 +39,15 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     return commands
 
 
-def started(tmp_path: Path, *config: str) -> Iterator[RedisServer]:
-    """A redis-server of the test's own (no persistence), with these config lines."""
-    require_redis_backend()
-    server = RedisServer(tmp_path / "redis", appendonly=False, config=config)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    yield from started(tmp_path)
+    yield from started_redis(tmp_path)
 
 
 @pytest.fixture
 def redis_without_functions(tmp_path: Path) -> Iterator[RedisServer]:
     """As Redis 6, or a managed Redis that does not offer them: no FUNCTION, no FCALL."""
-    yield from started(
+    yield from started_redis(
         tmp_path, "--rename-command", "FUNCTION", "", "--rename-command", "FCALL", ""
     )
 

@@ -428,8 +428,10 @@ async def test_a_second_connect_reads_one_key_and_changes_nothing(
     await second.connect()
     await second.connect()  # connected already: nothing at all
     await second.close()
+    # (and INFO memory, which reads no key: the eviction policy, redis_eviction)
     assert [args for args in sent if args[0] not in ("SCRIPT", "FUNCTION")] == [
-        ("GET", "{" + prefix + "}:layout")
+        ("GET", "{" + prefix + "}:layout"),
+        ("INFO", "memory"),
     ]
     assert await dump(client, prefix) == before
 

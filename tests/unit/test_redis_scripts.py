@@ -13,8 +13,8 @@ from redis.exceptions import ResponseError
 
 from backburner.backends import redis_codec
 from backburner.backends.base import NewJob
-from backburner.backends.redis import _SCRIPTS, _load_scripts
-from backburner.backends.redis_scripts import CALL_STATE, load_script, trim_prelude
+from backburner.backends.redis import _FLAGS, _SCRIPTS, _load_scripts
+from backburner.backends.redis_scripts import CALL_STATE, Library, load_script, trim_prelude
 from backburner.models import Job
 
 from ..conftest import REDIS_TEST_URL, require_redis
@@ -136,9 +136,33 @@ async def test_the_library_loads_on_redis_with_a_function_per_script() -> None:
             assert await client.function_load(library.source) == library.name.encode()
         except ResponseError as exc:
             assert "already exists" in str(exc)
+        (listed,) = await client.function_list(library=library.name)
     finally:
         await client.aclose()
     assert {s.function for s in scripts.values()} == {
         library.function_name(name) for name in library.scripts
     }
     assert set(library.scripts) == set(scripts)
+    # (redis-py gives each as a flat list: name, value, ...)
+    functions = [
+        dict(zip(f[::2], f[1::2], strict=True))
+        for f in dict(zip(listed[::2], listed[1::2], strict=True))[b"functions"]
+    ]
+    flags = {f[b"name"].decode(): {flag.decode() for flag in f[b"flags"]} for f in functions}
+    assert flags == {
+        library.function_name(name): {_FLAGS[name]} if name in _FLAGS else set()
+        for name in library.scripts
+    }
+    assert {"read_jobs", "list_jobs", "read_events"} <= {
+        name for name, flag in _FLAGS.items() if flag == "no-writes"
+    }
+
+
+def test_a_flag_is_part_of_the_library_and_only_for_its_scripts() -> None:
+    plain = Library(["read_jobs", "delete"], {})
+    flagged = Library(["read_jobs", "delete"], {}, {"read_jobs": "no-writes"})
+    assert flagged.name != plain.name  # a Redis holding one does not stand in for the other
+    assert "flags={'no-writes'}" in flagged.source
+    assert "flags=" not in plain.source
+    with pytest.raises(ValueError, match="not in the library"):
+        Library(["read_jobs"], {}, {"enqueue": "no-writes"})

@@ -1,0 +1,66 @@
+"""Whether the Redis may evict the backend's keys, read once as a backend connects.
+
+Redis under ``maxmemory`` with any ``maxmemory-policy`` but ``noeviction`` deletes keys to make
+room, silently: a job whose keys go is neither run nor reported, which the rest of the backend
+is built never to allow. A managed Redis often defaults to ``volatile-lru``. The backend warns
+at connect, naming what the policy puts at risk (it cannot refuse: the setting may not be its
+owner's to change, and with memory to spare nothing is evicted).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import BackendError
+from .redis_link import RedisLink
+
+log = logging.getLogger("backburner.redis")
+
+SAFE_POLICY = "noeviction"
+
+AT_RISK_WITH_TTL = (
+    "finished jobs with their results and event logs, webhooks still to be delivered, "
+    "cancel signals for running jobs, and concurrency-limit slots (the keys it gives a TTL)"
+)
+AT_RISK_ANY = "any job, queued and running ones included, and every index and counter"
+
+
+def eviction_policy(info: str) -> str | None:
+    """The ``maxmemory_policy`` of an ``INFO memory`` reply, or None if it has none."""
+    for line in info.splitlines():
+        name, _, value = line.partition(":")
+        if name == "maxmemory_policy":
+            return value.strip()
+    return None
+
+
+def eviction_risk(policy: str) -> str | None:
+    """What of the backend's data ``policy`` may evict, or None for ``noeviction``."""
+    if policy == SAFE_POLICY:
+        return None
+    if policy.startswith("volatile-"):
+        return AT_RISK_WITH_TTL
+    return AT_RISK_ANY
+
+
+async def warn_if_evicting(link: RedisLink, where: str) -> str | None:
+    """Log a warning if the Redis behind ``link`` may evict keys; return its policy (None if
+    Redis did not say: INFO may be denied, as by an ACL)."""
+    try:
+        reply = await link.call("INFO", "memory", read_only=True)
+    except BackendError as exc:
+        log.debug("Redis at %s: cannot read its maxmemory-policy (%s)", where, exc)
+        return None
+    info = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    policy = eviction_policy(info)
+    risk = None if policy is None else eviction_risk(policy)
+    if risk is not None:
+        log.warning(
+            "Redis at %s has maxmemory-policy %s: once it reaches maxmemory it deletes keys, "
+            "and may delete %s. Set maxmemory-policy noeviction (a full Redis then refuses "
+            "writes, and the backend reports them as errors: nothing is lost silently).",
+            where,
+            policy,
+            risk,
+        )
+    return policy

@@ -1,0 +1,177 @@
+"""A Redis that may evict keys is warned about at connect. One that is full (noeviction, past
+maxmemory) refuses an enqueue whole, as a BackendError, and still serves reads and deletes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from backburner import Backburner, JobContext, JobStatus
+from backburner.backends import backend_from_url
+from backburner.backends.base import Complete
+from backburner.backends.redis import RedisBackend
+from backburner.errors import BackendError, JobNotFoundError
+
+from ..chaos.support import RedisServer, started_redis
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    yield from started_redis(tmp_path)
+
+
+def _redis(server: RedisServer) -> Redis:
+    return Redis(port=server.port)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "backburner.redis" and r.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "at_risk"),
+    [
+        ("noeviction", None),
+        ("volatile-lru", "finished jobs with their results"),
+        ("volatile-ttl", "webhooks still to be delivered"),
+        ("allkeys-lru", "queued and running ones included"),
+        ("allkeys-random", "queued and running ones included"),
+    ],
+)
+async def test_a_backend_warns_at_connect_when_redis_may_evict_its_keys(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture, policy: str, at_risk: str | None
+) -> None:
+    _redis(own_redis).config_set("maxmemory-policy", policy)
+    backend = backend_from_url(own_redis.url("ev"))
+    assert isinstance(backend, RedisBackend)
+    with caplog.at_level(logging.WARNING, logger="backburner.redis"):
+        await backend.connect()
+    try:
+        assert backend.eviction_policy == policy
+        warned = _warnings(caplog)
+        if at_risk is None:
+            assert warned == []
+        else:
+            assert len(warned) == 1
+            assert f"maxmemory-policy {policy}" in warned[0]
+            assert at_risk in warned[0]
+            assert "Set maxmemory-policy noeviction" in warned[0]
+            assert f"127.0.0.1:{own_redis.port}" in warned[0]
+    finally:
+        await backend.close()
+
+
+async def test_a_user_who_may_not_read_info_connects_without_a_warning(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = _redis(own_redis)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    admin.execute_command(
+        "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-info", "-config"
+    )
+    url = f"redis://app:secret@127.0.0.1:{own_redis.port}/0?prefix=ev"
+    bb = Backburner(url)
+
+    @bb.task()
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    with caplog.at_level(logging.DEBUG, logger="backburner.redis"):
+        async with bb:
+            job = await bb.enqueue("noop")
+            assert (await bb.get(job.task_id)).task_id == job.task_id
+    assert _warnings(caplog) == []
+    assert isinstance(bb.backend, RedisBackend) and bb.backend.eviction_policy is None
+    assert any("cannot read its maxmemory-policy" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+async def test_a_full_redis_refuses_writes_whole_and_still_serves_reads_and_deletes(
+    own_redis: RedisServer, functions: bool
+) -> None:
+    admin = _redis(own_redis)
+    admin.config_set("maxmemory-policy", "noeviction")
+    backend = backend_from_url(own_redis.url("full"))
+    assert isinstance(backend, RedisBackend)
+    backend.functions = functions
+    bb = Backburner(backend)
+
+    @bb.task()
+    async def echo(ctx: JobContext, text: str) -> str:
+        return text
+
+    async with bb:
+        now = bb.clock.now
+        running = await bb.enqueue("echo", {"text": "running"})
+        finished = await bb.enqueue("echo", {"text": "finished"})
+        claimed = await backend.claim("w1", limit=2, now=now(), lease_s=60, types=["echo"])
+        assert {job.task_id for job in claimed} == {running.task_id, finished.task_id}
+        fence = {job.task_id: job.fence for job in claimed}
+        await backend.finish(
+            finished.task_id, fence[finished.task_id], Complete("y" * 300_000), now=now()
+        )
+
+        # Room for a few hundred jobs beyond what Redis holds now (the library, the layout).
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + 400_000)
+        stored = 0
+        with pytest.raises(BackendError, match="OOM command not allowed") as refused:
+            for _ in range(5_000):
+                await bb.enqueue("echo", {"text": "x" * 500})
+                stored += 1
+        assert "Redis refused a command" in str(refused.value)
+        assert 50 < stored < 5_000
+        # Every count and index says what was acknowledged: the refused enqueue wrote nothing.
+        queued = stored + 2
+        assert int(admin.get("{full}:seq")) == queued
+        assert admin.zcard("{full}:i:all") == queued
+        assert admin.zcard("{full}:r:echo") == stored
+        assert int(admin.hget("{full}:inflight", "default")) == stored + 1
+        assert len(admin.keys("{full}:j:*")) == queued
+
+        # Well past maxmemory from here (replies and buffers make used_memory wobble).
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) - 150_000)
+
+        # Full, it still answers reads.
+        assert (await bb.get(running.task_id)).status == JobStatus.PROCESSING
+        assert [e.seq for e in await bb.events(finished.task_id)] == [1, 2, 3]
+        page = await bb.list(status="queued", limit=5)
+        assert len(page.jobs) == 5 and all(j.status == JobStatus.QUEUED for j in page.jobs)
+        assert await bb.in_flight() == stored + 1
+        # A heartbeat renews the running job's lease as a function (allow-oom); by EVALSHA,
+        # Redis refuses its first write (HSET), before it changed anything.
+        lease_before = (await bb.get(running.task_id)).lease_expires_at
+        held = {running.task_id: fence[running.task_id]}
+        if functions:
+            assert await backend.heartbeat("w1", held, now=now() + 5, lease_s=60) == held
+            assert (await bb.get(running.task_id)).lease_expires_at != lease_before
+        else:
+            with pytest.raises(BackendError, match="OOM"):
+                await backend.heartbeat("w1", held, now=now() + 5, lease_s=60)
+            assert (await bb.get(running.task_id)).lease_expires_at == lease_before
+        if functions:
+            # A result is a write: refused whole, the job processing under the same fence.
+            # (By EVALSHA, Redis looks at memory only at a script's first write, which for a
+            # finish is a ZREM that takes none: the result is stored.)
+            with pytest.raises(BackendError, match="OOM"):
+                await backend.finish(
+                    running.task_id, fence[running.task_id], Complete("z"), now=now()
+                )
+            assert (await bb.get(running.task_id)).status == JobStatus.PROCESSING
+
+        # Deleting a finished job (its 300 KB result) frees room: the next enqueue is stored.
+        await bb.delete(finished.task_id)
+        with pytest.raises(JobNotFoundError):
+            await bb.get(finished.task_id)
+        await bb.enqueue("echo", {"text": "x" * 500})
+        done = await backend.finish(
+            running.task_id, fence[running.task_id], Complete("z"), now=now()
+        )
+        assert done.status == JobStatus.COMPLETED
