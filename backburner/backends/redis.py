@@ -46,6 +46,7 @@ from .base import (
 )
 from .outbox import new_msg_id
 from .redis_batch import ScriptBatcher
+from .redis_catalog import BATCHED, SAFE_TO_REPEAT, lacks_functions, load_scripts
 from .redis_codec import (
     NextClaimTexts,
     decode_job,
@@ -57,102 +58,16 @@ from .redis_codec import (
 )
 from .redis_endpoint import RedisEndpoint
 from .redis_eviction import warn_if_evicting
-from .redis_link import RedisLink, Script
-from .redis_reads import READ_SCRIPTS, RedisReads, text
-from .redis_scripts import BATCH_SUFFIX, Library, load_batched_script, load_script
+from .redis_link import RedisLink
+from .redis_reads import RedisReads, text
+from .redis_scripts import BATCH_SUFFIX
 from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
 from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
-from .redis_webhooks import (
-    WEBHOOK_READS,
-    WEBHOOK_SAFE_TO_REPEAT,
-    WEBHOOK_SCRIPTS,
-    RedisWebhookOutbox,
-)
+from .redis_webhooks import RedisWebhookOutbox
 
 log = logging.getLogger("backburner.redis")
-
-
-_SCRIPTS = (
-    "enqueue",
-    "claim",
-    "heartbeat",
-    "append_event",
-    "finish",
-    "cancel",
-    "poll_cancellations",
-    "replay",
-    "delete",
-    "purge_expired",
-    "next_due",
-    "idle",
-    "unidle",
-    "slot_acquire",
-    "slot_renew",
-    "wake",
-    "watch_heads",
-    *READ_SCRIPTS,
-    *WEBHOOK_SCRIPTS,
-)
-
-
-_SAFE_TO_REPEAT = frozenset(
-    {
-        *READ_SCRIPTS,
-        "watch_heads",  # (it makes a stream, once)
-        "next_due",
-        "idle",
-        "unidle",
-        "heartbeat",
-        "slot_acquire",
-        "slot_renew",
-        *WEBHOOK_SAFE_TO_REPEAT,
-    }
-)
-"""Scripts that change nothing (or, like a heartbeat or a slot's acquire, the same thing
-twice)."""
-
-
-_FLAGS = {
-    **{name: "no-writes" for name in (*READ_SCRIPTS, *WEBHOOK_READS, "next_due")},
-    **{
-        name: "allow-oom" for name in ("delete", "purge_expired", "poll_cancellations", "heartbeat")
-    },
-}
-"""The Redis function flags of the scripts that write nothing (``no-writes``), or only delete
-or overwrite in place (``allow-oom``: a heartbeat adds a field only for a new worker). Unlike
-the others, they run on a Redis that is out of memory (past ``maxmemory`` with
-``noeviction``): jobs are still read, finished ones deleted, and running ones keep their
-leases. By EVALSHA, Redis refuses a script's first write that may add data instead."""
-
-_BATCHED = {"enqueue": (None, 200, True), "finish": ("finish_many", 32, False)}
-"""The scripts a process calls many times in one loop turn: each has a batch form (made by
-load_batched_script with this main script), of at most so many calls, and whether its batcher
-is eager. Finishes go in smaller batches: a worker runs the jobs of one batch's next claims
-while Redis works on the next. A producer's enqueues are eager (Redis works on the first of a
-turn while the producer makes the rest; gathering made 64 in flight slower in 5 of 6
-alternating runs); a worker's finishes gather (a batch shares one claim, and Redis bounds a
-drain: about a fifth faster in two alternating series, half as many calls)."""
-
-
-def _load_scripts() -> tuple[Library, dict[str, Script]]:
-    """The scripts, as Lua scripts and as the functions of one library (either runs)."""
-    batched = {name: main for name, (main, _, _) in _BATCHED.items()}
-    library = Library(_SCRIPTS, batched, _FLAGS)
-    scripts = {name: load_script(name) for name in _SCRIPTS}
-    for name, (main, _, _) in _BATCHED.items():
-        scripts[name + BATCH_SUFFIX] = load_batched_script(name, main)
-    for name, script in scripts.items():
-        script.function, script.library = library.function_name(name), library.source
-    return library, scripts
-
-
-def _lacks_functions(error: BackendError) -> bool:
-    """Whether FUNCTION LOAD failed for want of Redis Functions (Redis < 7, or an ACL or a
-    managed Redis that does not allow them): the scripts then go as EVALSHA."""
-    message = str(error)
-    return any(s in message for s in ("unknown command", "NOPERM", "unknown subcommand"))
 
 
 def _stored(object_json: str) -> dict[str, Any]:
@@ -242,7 +157,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if replicas < 0 or replica_timeout_ms <= 0:
             raise ConfigurationError("replicas must be >= 0 and replica_timeout_ms > 0")
         self.replicas, self.replica_timeout_ms = replicas, replica_timeout_ms
-        self._library, self._scripts = _load_scripts()
+        self._library, self._scripts = load_scripts()
         self._next_claims = NextClaimTexts()
         self._batchers = {
             name: ScriptBatcher(
@@ -255,7 +170,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 eager=eager,
                 replicated=name == "enqueue",
             )
-            for name, (_, max_batch, eager) in _BATCHED.items()
+            for name, (_, max_batch, eager) in BATCHED.items()
         }
         self._pool: Any = None
         self._blocking_pool: Any = None
@@ -350,7 +265,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 link.functions = True
                 return
             except BackendError as exc:
-                if not _lacks_functions(exc):
+                if not lacks_functions(exc):
                     raise
                 log.info(
                     "Redis at %s has no Redis Functions (%s): scripts by EVALSHA", link.where, exc
@@ -392,7 +307,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             self._scripts[name],
             (self._tag_key,),
             (self._p, *args),
-            read_only=name in _SAFE_TO_REPEAT,
+            read_only=name in SAFE_TO_REPEAT,
         )
 
     def _run_batched(self, name: str, *args: str | int | float) -> Awaitable[Any]:

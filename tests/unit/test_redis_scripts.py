@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 
 from backburner.backends import redis_codec
 from backburner.backends.base import NewJob
-from backburner.backends.redis import _FLAGS, _SCRIPTS, _load_scripts
+from backburner.backends.redis_catalog import FLAGS, SCRIPTS, load_scripts
 from backburner.backends.redis_scripts import CALL_STATE, Library, load_script, trim_prelude
 from backburner.models import Job
 
@@ -63,7 +63,7 @@ async def test_every_script_compiles_on_redis() -> None:
     require_redis()
     client = Redis.from_url(REDIS_TEST_URL)
     try:
-        for name in (*_SCRIPTS, "upgrade"):
+        for name in (*SCRIPTS, "upgrade"):
             script = load_script(name)
             assert await client.script_load(script.source) == script.sha, name
     finally:
@@ -129,7 +129,7 @@ def test_no_script_changes_a_prelude_local_but_the_call_state() -> None:
 
 async def test_the_library_loads_on_redis_with_a_function_per_script() -> None:
     require_redis()
-    library, scripts = _load_scripts()
+    library, scripts = load_scripts()
     client = Redis.from_url(REDIS_TEST_URL)
     try:
         try:
@@ -150,11 +150,11 @@ async def test_the_library_loads_on_redis_with_a_function_per_script() -> None:
     ]
     flags = {f[b"name"].decode(): {flag.decode() for flag in f[b"flags"]} for f in functions}
     assert flags == {
-        library.function_name(name): {_FLAGS[name]} if name in _FLAGS else set()
+        library.function_name(name): {FLAGS[name]} if name in FLAGS else set()
         for name in library.scripts
     }
     assert {"read_jobs", "list_jobs", "read_events"} <= {
-        name for name, flag in _FLAGS.items() if flag == "no-writes"
+        name for name, flag in FLAGS.items() if flag == "no-writes"
     }
 
 
