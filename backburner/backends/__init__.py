@@ -9,6 +9,7 @@ from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, Retry
 from .urls import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
+    check_redis_url_options,
     parse_cluster_url,
     parse_sentinel_url,
     redacted,
@@ -104,11 +105,14 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
         parse_sentinel_url(url)  # a URL that is not valid is refused here, not at connect()
     elif parts.scheme.lower() in CLUSTER_SCHEMES:
         parse_cluster_url(url)
-    elif parts.path not in ("", "/") and not _whole(parts.path[1:]):
-        raise ConfigurationError(
-            f"invalid Redis URL {redacted(url)!r}: the path is a database number, as in "
-            "redis://host:6379/0"
-        )
+    else:
+        if parts.path not in ("", "/") and not _whole(parts.path[1:]):
+            raise ConfigurationError(
+                f"invalid Redis URL {redacted(url)!r}: the path is a database number, as in "
+                "redis://host:6379/0"
+            )
+        check_redis_url_options(url, redacted(url))
+        _check_redis_py_values(urlunsplit(parts._replace(query=rest)), url)
     return RedisBackend(
         urlunsplit(parts._replace(query=rest)),
         prefix=ours.get("prefix", "bb"),
@@ -116,6 +120,17 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
         replicas=replicas,
         replica_timeout_ms=timeout_ms,
     )
+
+
+def _check_redis_py_values(url: str, shown: str) -> None:
+    """ConfigurationError if redis-py cannot read the values of the options passed to it
+    (``url``: without backburner's own)."""
+    from redis.asyncio.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid Redis URL {redacted(shown)!r}: {exc}") from None
 
 
 _REDIS_OPTIONS = ("prefix", "replicas", "replica_timeout_ms")

@@ -1,5 +1,9 @@
-"""Backend URLs: the Sentinel and Cluster forms of a Redis URL, and any URL with its secrets
-hidden.
+"""Backend URLs: the options a Redis URL may have, the Sentinel and Cluster forms of one, and
+any URL with its secrets hidden.
+
+``redis://`` and ``rediss://`` take backburner's options (``prefix``, ``replicas``,
+``replica_timeout_ms``) and some of redis-py's (``REDIS_OPTIONS``, and ``TLS_OPTIONS`` for
+``rediss://``); anything else is refused before a connection is tried.
 
 ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db][?options]``
 names a Redis primary by the service name its Sentinels monitor (``sentinel monitor <service>
@@ -18,6 +22,7 @@ port defaults to 6379; a Cluster has one database, 0. Options: ``prefix``, ``rep
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -43,6 +48,43 @@ SENTINEL_OPTIONS = frozenset(
         "ssl_ca_certs",
     }
 )
+REDIS_OPTIONS = frozenset(
+    {
+        "prefix",
+        "replicas",
+        "replica_timeout_ms",
+        # redis-py's, passed on to it:
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "client_name",
+        "max_connections",
+        "retry_on_timeout",
+        "health_check_interval",
+    }
+)
+"""The options of a ``redis://`` URL: backburner's, and those of redis-py's it may be given."""
+
+TLS_OPTIONS = frozenset(
+    {
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_password",
+        "ssl_check_hostname",
+        "ssl_ciphers",
+    }
+)
+"""redis-py's options of a ``rediss://`` URL (TLS), a client certificate's included."""
+
+_NOT_OURS_TO_SET = {
+    "protocol": "backburner reads RESP2 replies itself",
+    "decode_responses": "backburner reads replies as bytes itself",
+    "db": "the database is the URL's path, as in redis://host:6379/0",
+}
+
 _SECRET_OPTION = re.compile(r"([?&])(password|sentinel_password|ssl_password)=[^&]*")
 
 
@@ -107,6 +149,7 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     tls = CLUSTER_SCHEMES[parts.scheme.lower()]
     if options.get("ssl_ca_certs") and not tls:
         raise ConfigurationError(f"{what}: ssl_ca_certs needs TLS (rediss+cluster://)")
+    _check_files(options, what)
     return ClusterAddress(
         nodes=nodes,
         username=username,
@@ -122,6 +165,37 @@ def _check_options(options: dict[str, str], known: frozenset[str], what: str) ->
         raise ConfigurationError(
             f"{what}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
+
+
+def check_redis_url_options(url: str, shown: str) -> None:
+    """ConfigurationError unless every option of a ``redis://`` or ``rediss://`` URL is one it
+    may have (``shown``: the URL without secrets, for the message): a misspelt option would
+    otherwise reach redis-py, and fail every connection."""
+    parts = urlsplit(url)
+    tls = parts.scheme.lower() == "rediss"
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if name in _NOT_OURS_TO_SET:
+            raise ConfigurationError(
+                f"invalid Redis URL {shown!r}: {name} cannot be set ({_NOT_OURS_TO_SET[name]})"
+            )
+        if name in TLS_OPTIONS and not tls:
+            raise ConfigurationError(f"invalid Redis URL {shown!r}: {name} needs TLS (rediss://)")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    what = f"invalid Redis URL {shown!r}"
+    _check_options(options, REDIS_OPTIONS | TLS_OPTIONS if tls else REDIS_OPTIONS, what)
+    _check_files(options, what)
+
+
+_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def _check_files(options: dict[str, str], what: str) -> None:
+    """ConfigurationError if an option that names a file (a CA bundle, a client certificate or
+    its key) names none: else every connection fails with a bare "No such file"."""
+    for name in _FILE_OPTIONS:
+        path = options.get(name)
+        if path and not os.path.isfile(path):
+            raise ConfigurationError(f"{what}: {name}: no such file {path!r}")
 
 
 def _credentials(text: str) -> tuple[str | None, str | None]:
@@ -170,6 +244,7 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
         raise ConfigurationError(
             f"invalid Sentinel URL {shown!r}: ssl_ca_certs needs TLS (rediss+sentinel://)"
         )
+    _check_files(options, what)
     return SentinelAddress(
         sentinels=sentinels,
         service=names[0],

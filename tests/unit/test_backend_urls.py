@@ -4,6 +4,8 @@ backend URL is printed without its secrets."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
@@ -22,10 +24,18 @@ from backburner.errors import ConfigurationError
 from .test_cli import assert_one_line_error, run
 
 
-def test_a_sentinel_url_names_sentinels_service_database_and_credentials() -> None:
+@pytest.fixture
+def ca_file(tmp_path: Path) -> str:
+    """A file to name as a CA bundle (only its existence is checked before connecting)."""
+    path = tmp_path / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\n")
+    return str(path)
+
+
+def test_a_sentinel_url_names_sentinels_service_database_and_credentials(ca_file: str) -> None:
     address = parse_sentinel_url(
         "rediss+sentinel://app:p%40ss@s1,s2:26380,[::1]:26381/main%20cache/3"
-        "?sentinel_username=sen&sentinel_password=sp&ssl_ca_certs=/etc/ca.pem&prefix=x"
+        f"?sentinel_username=sen&sentinel_password=sp&ssl_ca_certs={ca_file}&prefix=x"
     )
     assert address == SentinelAddress(
         sentinels=(("s1", 26379), ("s2", 26380), ("::1", 26381)),
@@ -36,7 +46,7 @@ def test_a_sentinel_url_names_sentinels_service_database_and_credentials() -> No
         sentinel_username="sen",
         sentinel_password="sp",
         tls=True,
-        ssl_ca_certs="/etc/ca.pem",
+        ssl_ca_certs=ca_file,
     )
     assert address.describe() == "Sentinel service 'main cache' (s1:26379,s2:26380,[::1]:26381)"
 
@@ -63,6 +73,7 @@ def test_a_sentinel_url_without_credentials_or_database() -> None:
         ("redis+sentinel://[::1]x/m", "bad address"),
         ("redis+sentinel://h/m?socket_timeout=1", "unknown option(s) socket_timeout"),
         ("redis+sentinel://h/m?ssl_ca_certs=/ca.pem", "needs TLS"),
+        ("rediss+sentinel://h/m?ssl_ca_certs=/no/ca.pem", "ssl_ca_certs: no such file"),
         ("redis+sentinel://h/m?prefix=a{b}", "prefix"),
         ("redis+sentinel://h/m/\u00b2", "is not a number"),
         ("redis+sentinel://h:\u00b2/m", "not a number in 1..65535"),
@@ -81,16 +92,16 @@ def test_the_sentinel_backend_keeps_its_prefix_and_connects_nowhere_yet() -> Non
     assert "prefix" not in bb.backend.url
 
 
-def test_a_cluster_url_names_nodes_and_credentials() -> None:
+def test_a_cluster_url_names_nodes_and_credentials(ca_file: str) -> None:
     address = parse_cluster_url(
-        "rediss+cluster://app:p%40ss@n1,n2:7001,[::1]:7002/0?ssl_ca_certs=/etc/ca.pem&prefix=x"
+        f"rediss+cluster://app:p%40ss@n1,n2:7001,[::1]:7002/0?ssl_ca_certs={ca_file}&prefix=x"
     )
     assert address == ClusterAddress(
         nodes=(("n1", 6379), ("n2", 7001), ("::1", 7002)),
         username="app",
         password="p@ss",
         tls=True,
-        ssl_ca_certs="/etc/ca.pem",
+        ssl_ca_certs=ca_file,
     )
     assert address.describe() == "Cluster (n1:6379,n2:7001,[::1]:7002)"
     assert parse_cluster_url("redis+cluster://10.0.0.5") == ClusterAddress((("10.0.0.5", 6379),))
@@ -107,6 +118,7 @@ def test_a_cluster_url_names_nodes_and_credentials() -> None:
         ("redis+cluster://h,", "an address has no host"),
         ("redis+cluster://h?socket_timeout=1", "unknown option(s) socket_timeout"),
         ("redis+cluster://h?ssl_ca_certs=/ca.pem", "needs TLS"),
+        ("rediss+cluster://h?ssl_ca_certs=/no/ca.pem", "ssl_ca_certs: no such file"),
         ("redis+cluster://h?prefix=a{b}", "prefix"),
         ("redis+cluster://h?replicas=x", "replicas must be a whole number"),
     ],
@@ -174,6 +186,17 @@ def test_a_url_is_shown_without_its_secrets(url: str, shown: str) -> None:
         ("redis://h/0?replicas=x", "replicas must be a whole number >= 0"),
         ("redis://h/0?replica_timeout_ms=0", "replica_timeout_ms must be a whole number >= 1"),
         ("redis://:pa/ss@h/zero", "database number"),
+        ("redis://h/0?prefx=a", "unknown option(s) prefx"),
+        ("redis://h/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+        ("redis://h/0?max_connections=x", "Invalid value for 'max_connections'"),
+        ("redis://h/0?ssl_ca_certs=/ca.pem", "ssl_ca_certs needs TLS (rediss://)"),
+        ("rediss://h/0?ssl_ca_certs=/no/ca.pem", "ssl_ca_certs: no such file '/no/ca.pem'"),
+        ("rediss://h/0?ssl_certfile=/no/c.pem", "ssl_certfile: no such file '/no/c.pem'"),
+        ("rediss://h/0?ssl_keyfile=/no/k.pem", "ssl_keyfile: no such file '/no/k.pem'"),
+        ("rediss://u:pw@h/0?ssl_password=pa/ss&x=1", "unknown option(s) x"),
+        ("redis://h/0?protocol=3", "protocol cannot be set (backburner reads RESP2"),
+        ("redis://h/0?decode_responses=true", "decode_responses cannot be set"),
+        ("redis://h/0?db=2", "db cannot be set (the database is the URL's path"),
     ],
 )
 def test_a_redis_url_with_a_bad_option_is_refused_without_its_password(
@@ -182,6 +205,18 @@ def test_a_redis_url_with_a_bad_option_is_refused_without_its_password(
     with pytest.raises(ConfigurationError, match=re.escape(message)) as refused:
         Backburner(url)
     assert "pa/ss" not in str(refused.value)
+
+
+def test_redis_pys_own_options_reach_it(ca_file: str) -> None:
+    url = (
+        f"rediss://h:6380/1?ssl_ca_certs={ca_file}&ssl_certfile={ca_file}&ssl_keyfile={ca_file}"
+        "&ssl_cert_reqs=required&ssl_check_hostname=true&socket_connect_timeout=2&client_name=w"
+    )
+    bb = Backburner(url + "&prefix=p")
+    assert isinstance(bb.backend, RedisBackend)
+    passed = urlsplit(bb.backend.url)
+    assert passed.netloc == "h:6380" and passed.path == "/1"
+    assert parse_qsl(passed.query) == parse_qsl(urlsplit(url).query)
 
 
 def test_the_replica_options_reach_the_backend_and_not_redis_py() -> None:
