@@ -223,7 +223,12 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 await upgrade_layout(self._link, self._p, where=where, batch=self.upgrade_batch)
         except BackendError as exc:
             await self.close()
-            raise BackendError(f"cannot connect to {exc}") from None
+            message = str(exc)
+            if not message.startswith("Redis at "):  # (a refusal: it says no more of where)
+                message = f"Redis at {self._where}: {message}"
+            if "NOAUTH" in message:
+                message += " Give its password in the URL: redis://[user]:PASSWORD@host:port/db."
+            raise BackendError(f"cannot connect to {message}") from None
         except BaseException:
             await self.close()
             raise

@@ -66,8 +66,11 @@ def err() -> Console:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``error: message`` on one line (no wrapping) and return the Exit to raise."""
-    err().print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` on one line (no wrapping) and return the Exit to raise. The
+    message is text, not markup: one that quotes ``[user]`` or ``[::1]`` prints as it is."""
+    from rich.markup import escape
+
+    err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
