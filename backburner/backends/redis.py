@@ -61,7 +61,13 @@ from .redis_eviction import warn_if_evicting
 from .redis_link import RedisLink
 from .redis_reads import RedisReads, text
 from .redis_scripts import BATCH_SUFFIX
-from .redis_upgrade import LAYOUT_KEY, UPGRADE_BATCH, check_layout, upgrade_layout
+from .redis_upgrade import (
+    LAYOUT_KEY,
+    UPGRADE_BATCH,
+    check_layout,
+    mark_if_lost,
+    upgrade_layout,
+)
 from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
@@ -179,6 +185,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._watcher: StreamWatcher | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._moving: set[asyncio.Task[None]] = set()
+        """Reconnections after a Cluster's MOVED, and checks of the store after a restart:
+        cancelled by close()."""
+        self._store_check: asyncio.Task[None] | None = None
         self.eviction_policy: str | None = None
         """Redis's maxmemory-policy as read at connect (None: not read); any but noeviction
         was warned about (redis_eviction)."""
@@ -210,6 +219,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             replica_timeout_ms=self.replica_timeout_ms,
         )
         self._link.on_moved = self._slot_moved
+        self._link.on_code_lost = self._code_lost
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
@@ -255,6 +265,31 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._moving.add(task)
         task.add_done_callback(self._moving.discard)
         return True
+
+    def _code_lost(self) -> None:
+        """Redis no longer knew the scripts: whether it lost the keys too is asked once (the
+        scripts that found out at once all call this)."""
+        if self._store_check is None or self._store_check.done():
+            task = asyncio.get_running_loop().create_task(self._check_store())
+            self._store_check = task
+            self._moving.add(task)
+            task.add_done_callback(self._moving.discard)
+
+    async def _check_store(self) -> None:
+        try:
+            lost = await mark_if_lost(self._conn(), self._p, where=self._where)
+        except BackendError as exc:  # (Redis went away again: the next script asks again)
+            log.info("Redis at %s: could not check the store after a restart: %s", self._where, exc)
+            return
+        if lost:
+            log.error(
+                "Redis at %s has lost every key of prefix %r: it restarted without persistence, "
+                "or was flushed. The jobs queued or running before are gone, with their events "
+                "and webhooks; what is enqueued from now on is kept. For Redis to keep them "
+                "through a restart: appendonly yes (docs/redis.md, Durability).",
+                self._where,
+                self.prefix,
+            )
 
     async def _reconnect_readers(self) -> None:
         for reader in (self._wake, self._watcher):

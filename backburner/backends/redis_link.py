@@ -459,6 +459,9 @@ class RedisLink:
         self.on_moved: Callable[[str], bool] | None = None
         """Told of each refusal before the connections are retired (refused); returns
         whether it was a Cluster's MOVED, after which new connections go where it says."""
+        self.on_code_lost: Callable[[], None] | None = None
+        """Told each time Redis did not know a script and it was loaded again: Redis restarted
+        (or its scripts were flushed), and may have lost its keys too."""
         self._lanes = [_Lane(self) for _ in range(max(1, connections))]
         self._retiring: set[asyncio.Task[None]] = set()
         # A client blocked in WAIT has nothing else it sent answered meanwhile: the replicated
@@ -558,6 +561,8 @@ class RedisLink:
                 await self.load_library(library)
             else:
                 await self.call("SCRIPT", "LOAD", script.source)
+            if self.on_code_lost is not None:
+                self.on_code_lost()
             return await self.call(*command, read_only=read_only, replicated=replicated)
 
     async def load_library(self, source: str) -> None:

@@ -123,3 +123,13 @@ async def upgrade_layout(
                 tagged,
             )
     return scanned
+
+
+async def mark_if_lost(link: RedisLink, prefix_key: str, *, where: str) -> bool:
+    """Whether the store under ``prefix_key`` lost its keys (its layout key is gone: Redis
+    restarted without persistence, or was flushed), asked once Redis has forgotten the
+    scripts. A store that lost them is marked as of this layout again, as a new one is."""
+    if await link.call("GET", prefix_key + LAYOUT_KEY, read_only=True) is not None:
+        return False
+    await upgrade_layout(link, prefix_key, where=where)
+    return True
