@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError, MissingDependencyError
 from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats
 from .urls import (
+    BACKBURNER_OPTIONS,
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
     check_redis_url_options,
@@ -97,8 +99,8 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
 
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {key: value for key, value in query if key in _REDIS_OPTIONS}
-    rest = urlencode([(key, value) for key, value in query if key not in _REDIS_OPTIONS])
+    ours = {key: value for key, value in query if key in BACKBURNER_OPTIONS}
+    rest = urlencode([(key, value) for key, value in query if key not in BACKBURNER_OPTIONS])
     replicas = _count(ours.get("replicas", "0"), "replicas", url, minimum=0)
     timeout_ms = _count(ours.get("replica_timeout_ms", "1000"), "replica_timeout_ms", url)
     if parts.scheme.lower() in SENTINEL_SCHEMES:
@@ -128,13 +130,27 @@ def _check_redis_py_values(url: str, shown: str) -> None:
     from redis.asyncio.connection import parse_url
 
     try:
-        parse_url(url)
+        values = parse_url(url)
     except ValueError as exc:
         raise ConfigurationError(f"invalid Redis URL {redacted(shown)!r}: {exc}") from None
+    for name, least in _LEAST.items():
+        value = values.get(name)
+        if isinstance(value, int | float) and not (math.isfinite(value) and value >= least):
+            bound = "above 0" if least == _ABOVE_ZERO else f"at least {least:g}"
+            raise ConfigurationError(
+                f"invalid Redis URL {redacted(shown)!r}: {name} must be {bound}"
+            )
 
 
-_REDIS_OPTIONS = ("prefix", "replicas", "replica_timeout_ms")
-"""The Redis URL's options that are backburner's, not redis-py's."""
+_ABOVE_ZERO = 1e-9
+_LEAST = {
+    "socket_timeout": _ABOVE_ZERO,  # (0 would time every command out at once)
+    "socket_connect_timeout": _ABOVE_ZERO,
+    "health_check_interval": 0,
+    "max_connections": 1,
+    "socket_read_size": 1,
+}
+"""The least value of each numeric option redis-py reads from a URL."""
 
 
 def _whole(text: str) -> bool:

@@ -87,6 +87,10 @@ def check_slot_args(
 
 
 DEFAULT_TENANT = "default"
+
+WORKER_RETENTION_S = 3600.0
+"""How long a worker's record (stats) outlives its last heartbeat: purge_expired forgets it
+after, so the records of workers that come and go (restarts, autoscaling) do not pile up."""
 """The tenant of jobs submitted without one: library calls and the keyless API."""
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
@@ -520,7 +524,8 @@ class Backend(Protocol):
         ...
 
     async def purge_expired(self, *, now: float, limit: int) -> int:
-        """Delete up to ``limit`` terminal jobs whose expires_at <= now, with their events."""
+        """Delete up to ``limit`` terminal jobs whose expires_at <= now, with their events, and
+        forget the workers last seen before ``now - WORKER_RETENTION_S``."""
         ...
 
     async def wake(self, task_id: str, *, now: float) -> bool:

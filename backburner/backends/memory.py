@@ -36,6 +36,7 @@ from ..models import (
 )
 from .admission import FairClocks, check_quota
 from .base import (
+    WORKER_RETENTION_S,
     Complete,
     Fail,
     NewJob,
@@ -541,6 +542,9 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         ][:limit]
         for stored in doomed:
             self._remove(stored)
+        gone = [w for w, info in self._workers.items() if info.last_seen < now - WORKER_RETENTION_S]
+        for worker_id in gone:
+            del self._workers[worker_id]
         return len(doomed)
 
     async def wait_for_jobs(

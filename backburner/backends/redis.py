@@ -33,6 +33,7 @@ from ..errors import (
 from ..jsoncodec import check_usage, encode
 from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress, Usage, replaced
 from .base import (
+    WORKER_RETENTION_S,
     Complete,
     Fail,
     NewJob,
@@ -237,7 +238,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             if not message.startswith("Redis at "):  # (a refusal: it says no more of where)
                 message = f"Redis at {self._where}: {message}"
             if "NOAUTH" in message:
-                message += " Give its password in the URL: redis://[user]:PASSWORD@host:port/db."
+                message += " Give its password in the URL, as [user]:PASSWORD@ before the host."
             raise BackendError(f"cannot connect to {message}") from None
         except BaseException:
             await self.close()
@@ -600,7 +601,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
     async def purge_expired(self, *, now: float, limit: int) -> int:
         if limit <= 0:
             return 0
-        return int(await self._run("purge_expired", number(now), limit))
+        forget_before = number(now - WORKER_RETENTION_S)
+        return int(await self._run("purge_expired", number(now), limit, forget_before))
 
     async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
         if not after:

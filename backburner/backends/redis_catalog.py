@@ -51,17 +51,20 @@ SAFE_TO_REPEAT = frozenset(
 twice)."""
 
 
+ALLOW_OOM = ("delete", "purge_expired", "poll_cancellations", "heartbeat", "watch_heads")
+"""Scripts that only delete, or write what is bounded by what is there: a heartbeat rewrites
+leases in place and adds a record only for a new worker (purge_expired forgets the old ones);
+watch_heads gives a job one empty stream, once."""
+
 FLAGS = {
     **{name: "no-writes" for name in (*READ_SCRIPTS, *WEBHOOK_READS, "next_due")},
-    **{
-        name: "allow-oom" for name in ("delete", "purge_expired", "poll_cancellations", "heartbeat")
-    },
+    **{name: "allow-oom" for name in ALLOW_OOM},
 }
-"""The Redis function flags of the scripts that write nothing (``no-writes``), or only delete
-or overwrite in place (``allow-oom``: a heartbeat adds a field only for a new worker). Unlike
-the others, they run on a Redis that is out of memory (past ``maxmemory`` with
-``noeviction``): jobs are still read, finished ones deleted, and running ones keep their
-leases. By EVALSHA, Redis refuses a script's first write that may add data instead."""
+"""The Redis function flags of the scripts that write nothing (``no-writes``) or what
+ALLOW_OOM says (``allow-oom``). Unlike the others, they run on a Redis that is out of memory
+(past ``maxmemory`` with ``noeviction``): jobs are still read and waited for, finished ones
+deleted, and running ones keep their leases. By EVALSHA, Redis looks at memory only at a
+script's first write instead, and refuses it if that write may add data."""
 
 BATCHED = {"enqueue": (None, 200, True), "finish": ("finish_many", 32, False)}
 """The scripts a process calls many times in one loop turn: each has a batch form (made by

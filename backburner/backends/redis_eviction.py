@@ -25,11 +25,11 @@ AT_RISK_WITH_TTL = (
 AT_RISK_ANY = "any job, queued and running ones included, and every index and counter"
 
 
-def eviction_policy(info: str) -> str | None:
-    """The ``maxmemory_policy`` of an ``INFO memory`` reply, or None if it has none."""
+def info_field(info: str, field: str) -> str | None:
+    """A field of an ``INFO`` reply (``maxmemory_policy``), or None if it has none."""
     for line in info.splitlines():
         name, _, value = line.partition(":")
-        if name == "maxmemory_policy":
+        if name == field:
             return value.strip()
     return None
 
@@ -52,9 +52,12 @@ async def warn_if_evicting(link: RedisLink, where: str) -> str | None:
         log.debug("Redis at %s: cannot read its maxmemory-policy (%s)", where, exc)
         return None
     info = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
-    policy = eviction_policy(info)
+    policy = info_field(info, "maxmemory_policy")
     risk = None if policy is None else eviction_risk(policy)
-    if risk is not None:
+    if risk is not None and info_field(info, "maxmemory") in ("0", None):
+        # No limit: nothing is evicted, whatever the policy (until a maxmemory is set).
+        log.info("Redis at %s: maxmemory-policy %s, but no maxmemory set", where, policy)
+    elif risk is not None:
         log.warning(
             "Redis at %s has maxmemory-policy %s: once it reaches maxmemory it deletes keys, "
             "and may delete %s. Set maxmemory-policy noeviction (a full Redis then refuses "

@@ -412,6 +412,12 @@ class _Lane:
         return self.pipe
 
     async def close(self) -> None:
+        # A connection still being opened is given up first: opened after the pool closed, it
+        # would be left open (a connect that failed mid-way, with others in flight).
+        opening = self._opening
+        if opening is not None and not opening.done():
+            opening.cancel()
+            await asyncio.wait({opening})
         await self.drop(BackendError("the Redis backend is closed"))
 
     async def drop(self, error: Exception, *, retired_too: bool = True) -> None:

@@ -122,6 +122,9 @@ writes, nil outside it), as each EVAL of a script did."""
 MAX_PREFIXES = 16
 """Key prefixes a library keeps its helpers built for; one more starts the cache over."""
 
+_NAME_SLOT = "@LIBRARY@"
+"""Where the library's name goes in its source, once the source's digest has made it."""
+
 _LIBRARY_CALL = f"""
 local built, count = {{}}, 0
 local function call(name, args)
@@ -182,18 +185,17 @@ class Library:
         unknown = set(flags) - set(self.scripts)
         if unknown:
             raise ValueError(f"flags for scripts not in the library: {sorted(unknown)}")
-        # Everything but the name itself, which the function names repeat.
-        flagged = [f"{name}:{flags[name]}" for name in sorted(flags)]
-        digest = hashlib.sha1("\n".join([body, _LIBRARY_CALL, *self.scripts, *flagged]).encode())
-        self.name = "bb_" + digest.hexdigest()[:12]
         registered = "".join(
-            f"redis.register_function{{function_name='{self.function_name(n)}', "
+            f"redis.register_function{{function_name='{_NAME_SLOT}_{n}', "
             f"callback=function(keys, args) return call({n!r}, args) end"
             + (f", flags={{'{flags[n]}'}}" if n in flags else "")
             + "}\n"
             for n in self.scripts
         )
-        self.source = f"#!lua name={self.name}\n" + body + _LIBRARY_CALL + registered
+        source = body + _LIBRARY_CALL + registered
+        # The digest of all of it, the library's name left out (the function names repeat it).
+        self.name = "bb_" + hashlib.sha1(source.encode()).hexdigest()[:12]
+        self.source = f"#!lua name={self.name}\n" + source.replace(_NAME_SLOT, self.name)
 
     def function_name(self, script: str) -> str:
         return f"{self.name}_{script}"

@@ -28,6 +28,7 @@ from ..errors import (
 from ..jsoncodec import encode
 from ..models import ErrorInfo, Event, Job, JobStatus, Progress
 from .base import (
+    WORKER_RETENTION_S,
     NewJob,
     NextClaim,
     Outcome,
@@ -531,6 +532,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             delete_messages(conn, ids)
             # A signal for a worker that died before reading it would otherwise stay forever.
             conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))
+            conn.execute("DELETE FROM workers WHERE last_seen < ?", (now - WORKER_RETENTION_S,))
             purge_ended_slots(conn, now)  # rows of keys nobody acquires again would stay
             purge_tenant_state(conn, now)  # and rows of tenants that went away
             return len(ids)

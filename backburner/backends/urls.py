@@ -23,7 +23,7 @@ port defaults to 6379; a Cluster has one database, 0. Options: ``prefix``, ``rep
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -37,33 +37,27 @@ CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
 
 SENTINEL_PORT = 26379
 REDIS_PORT = 6379
-CLUSTER_OPTIONS = frozenset({"prefix", "replicas", "replica_timeout_ms", "ssl_ca_certs"})
-SENTINEL_OPTIONS = frozenset(
+BACKBURNER_OPTIONS = frozenset({"prefix", "replicas", "replica_timeout_ms"})
+"""The options of every Redis URL that are backburner's own, not redis-py's."""
+
+CLUSTER_OPTIONS = BACKBURNER_OPTIONS | {"ssl_ca_certs"}
+SENTINEL_OPTIONS = BACKBURNER_OPTIONS | {"sentinel_username", "sentinel_password", "ssl_ca_certs"}
+
+REDIS_PY_OPTIONS = frozenset(
     {
-        "prefix",
-        "replicas",
-        "replica_timeout_ms",
-        "sentinel_username",
-        "sentinel_password",
-        "ssl_ca_certs",
-    }
-)
-REDIS_OPTIONS = frozenset(
-    {
-        "prefix",
-        "replicas",
-        "replica_timeout_ms",
-        # redis-py's, passed on to it:
+        "username",
+        "password",
         "socket_timeout",
         "socket_connect_timeout",
         "socket_keepalive",
+        "socket_read_size",
         "client_name",
         "max_connections",
         "retry_on_timeout",
         "health_check_interval",
     }
 )
-"""The options of a ``redis://`` URL: backburner's, and those of redis-py's it may be given."""
+"""The options of redis-py's that a ``redis://`` URL may give it."""
 
 TLS_OPTIONS = frozenset(
     {
@@ -85,7 +79,14 @@ _NOT_OURS_TO_SET = {
     "db": "the database is the URL's path, as in redis://host:6379/0",
 }
 
-_SECRET_OPTION = re.compile(r"([?&])(password|sentinel_password|ssl_password)=[^&]*")
+_SHOWN_OPTIONS = (
+    BACKBURNER_OPTIONS
+    | REDIS_PY_OPTIONS
+    | TLS_OPTIONS
+    | {"sentinel_username", "synchronous", "poll_interval_ms"}
+) - {"password", "ssl_password"}
+"""Options whose values a URL is shown with; any other's (a password, or an option misspelt,
+which may be one) is shown as ``***``."""
 
 
 @dataclass(frozen=True)
@@ -143,13 +144,10 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     nodes = tuple(_address(text, what, REDIS_PORT) for text in hosts_text.split(","))
     if parts.path not in ("", "/", "/0"):
         raise ConfigurationError(f"{what}: a Cluster has one database, 0 (the path is /0 or none)")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    _check_options(options, CLUSTER_OPTIONS, what)
+    options = _options(parts.query, CLUSTER_OPTIONS, what)
     username, password = _credentials(credentials)
     tls = CLUSTER_SCHEMES[parts.scheme.lower()]
-    if options.get("ssl_ca_certs") and not tls:
-        raise ConfigurationError(f"{what}: ssl_ca_certs needs TLS (rediss+cluster://)")
-    _check_files(options, what)
+    _check_tls(options, tls, what, "rediss+cluster")
     return ClusterAddress(
         nodes=nodes,
         username=username,
@@ -159,43 +157,58 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     )
 
 
-def _check_options(options: dict[str, str], known: frozenset[str], what: str) -> None:
+def _options(query: str, known: frozenset[str], what: str) -> dict[str, str]:
+    """A URL's options by name; ConfigurationError for an unknown one, or one given twice."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    options = dict(pairs)
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigurationError(
             f"{what}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
+    if len(options) < len(pairs):
+        twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+        raise ConfigurationError(f"{what}: option(s) given more than once: {', '.join(twice)}")
+    return options
+
+
+def _check_tls(options: dict[str, str], tls: bool, what: str, scheme: str) -> None:
+    """ConfigurationError for a TLS option of a URL without TLS (``scheme``: the one with),
+    or for one that names a file that is not there."""
+    for name in sorted(TLS_OPTIONS & options.keys()):
+        if options[name] and not tls:
+            raise ConfigurationError(f"{what}: {name} needs TLS ({scheme}://)")
+    for name, (exists, kind) in _FILE_OPTIONS.items():
+        path = options.get(name)
+        if path and not exists(path):
+            raise ConfigurationError(f"{what}: {name}: no such {kind} {path!r}")
+    reqs = options.get("ssl_cert_reqs")
+    if reqs is not None and reqs not in ("none", "optional", "required"):
+        raise ConfigurationError(f"{what}: ssl_cert_reqs is none, optional or required")
 
 
 def check_redis_url_options(url: str, shown: str) -> None:
     """ConfigurationError unless every option of a ``redis://`` or ``rediss://`` URL is one it
-    may have (``shown``: the URL without secrets, for the message): a misspelt option would
-    otherwise reach redis-py, and fail every connection."""
+    may have, once (``shown``: the URL without secrets, for the message): a misspelt option
+    would otherwise reach redis-py, and fail every connection."""
     parts = urlsplit(url)
     tls = parts.scheme.lower() == "rediss"
+    what = f"invalid Redis URL {shown!r}"
     for name, _ in parse_qsl(parts.query, keep_blank_values=True):
         if name in _NOT_OURS_TO_SET:
-            raise ConfigurationError(
-                f"invalid Redis URL {shown!r}: {name} cannot be set ({_NOT_OURS_TO_SET[name]})"
-            )
-        if name in TLS_OPTIONS and not tls:
-            raise ConfigurationError(f"invalid Redis URL {shown!r}: {name} needs TLS (rediss://)")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    what = f"invalid Redis URL {shown!r}"
-    _check_options(options, REDIS_OPTIONS | TLS_OPTIONS if tls else REDIS_OPTIONS, what)
-    _check_files(options, what)
+            raise ConfigurationError(f"{what}: {name} cannot be set ({_NOT_OURS_TO_SET[name]})")
+    options = _options(parts.query, BACKBURNER_OPTIONS | REDIS_PY_OPTIONS | TLS_OPTIONS, what)
+    _check_tls(options, tls, what, "rediss")
 
 
-_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
-
-
-def _check_files(options: dict[str, str], what: str) -> None:
-    """ConfigurationError if an option that names a file (a CA bundle, a client certificate or
-    its key) names none: else every connection fails with a bare "No such file"."""
-    for name in _FILE_OPTIONS:
-        path = options.get(name)
-        if path and not os.path.isfile(path):
-            raise ConfigurationError(f"{what}: {name}: no such file {path!r}")
+_FILE_OPTIONS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "ssl_ca_certs": (os.path.isfile, "file"),
+    "ssl_ca_path": (os.path.isdir, "directory"),
+    "ssl_certfile": (os.path.isfile, "file"),
+    "ssl_keyfile": (os.path.isfile, "file"),
+}
+"""The TLS options that name a file (or a directory of CA files): one that is not there fails
+every connection with a bare "No such file"."""
 
 
 def _credentials(text: str) -> tuple[str | None, str | None]:
@@ -236,15 +249,10 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
                 f"invalid Sentinel URL {shown!r}: the database {names[1]!r} is not a number"
             )
         db = int(names[1])
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    _check_options(options, SENTINEL_OPTIONS, what)
+    options = _options(parts.query, SENTINEL_OPTIONS, what)
     username, password = _credentials(credentials)
     tls = SENTINEL_SCHEMES[parts.scheme.lower()]
-    if options.get("ssl_ca_certs") and not tls:
-        raise ConfigurationError(
-            f"invalid Sentinel URL {shown!r}: ssl_ca_certs needs TLS (rediss+sentinel://)"
-        )
-    _check_files(options, what)
+    _check_tls(options, tls, what, "rediss+sentinel")
     return SentinelAddress(
         sentinels=sentinels,
         service=names[0],
@@ -297,4 +305,11 @@ def redacted(url: str) -> str:
     credentials, at, after = rest.rpartition("@")
     if at and ":" in credentials:
         rest = credentials.partition(":")[0] + ":***@" + after
-    return scheme + separator + _SECRET_OPTION.sub(r"\1\2=***", rest)
+    where, question, query = rest.partition("?")
+    if not question:
+        return scheme + separator + rest
+    shown = []
+    for option in query.split("&"):
+        name, equals, _ = option.partition("=")
+        shown.append(option if not equals or name in _SHOWN_OPTIONS else f"{name}=***")
+    return scheme + separator + where + "?" + "&".join(shown)

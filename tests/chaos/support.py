@@ -283,8 +283,8 @@ def started_redis(tmp_path: Path, *config: str) -> Iterator[RedisServer]:
     fixture to ``yield from``."""
     require_redis_backend()
     server = RedisServer(tmp_path / "redis", appendonly=False, config=config)
-    server.start()
     try:
+        server.start()  # (one that never answered is stopped too)
         yield server
     finally:
         server.stop()

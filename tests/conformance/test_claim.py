@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from backburner.backends import Backend
-from backburner.backends.base import Complete, RetryAt, WorkerInfo
+from backburner.backends.base import WORKER_RETENTION_S, Complete, RetryAt, WorkerInfo
 from backburner.models import AttemptRecord, JobStatus
 
 from ._support import LEASE, T0, claim_one, drive, enqueue, error, event_data
@@ -185,6 +185,21 @@ async def test_heartbeat_records_the_worker_in_stats(backend: Backend) -> None:
     recent = (await backend.stats(now=T0 + 68, worker_window_s=60.0)).workers
     assert [w.worker_id for w in recent] == ["w1"]
     assert (await backend.stats(now=T0 + 1000, worker_window_s=60.0)).workers == []
+
+
+async def test_purge_forgets_workers_not_seen_for_the_retention(backend: Backend) -> None:
+    await backend.heartbeat("gone", {}, now=T0, lease_s=LEASE)
+    await backend.heartbeat("alive", {}, now=T0, lease_s=LEASE)
+    later = T0 + WORKER_RETENTION_S + 10
+    await backend.heartbeat("alive", {}, now=later - 5, lease_s=LEASE)
+    everyone = WORKER_RETENTION_S * 10  # a window that would list a worker of any age
+    listed = (await backend.stats(now=later, worker_window_s=everyone)).workers
+    assert [w.worker_id for w in listed] == ["alive", "gone"]
+    await backend.purge_expired(now=T0 + WORKER_RETENTION_S, limit=100)  # not yet: exactly at it
+    assert len((await backend.stats(now=later, worker_window_s=everyone)).workers) == 2
+    await backend.purge_expired(now=later, limit=100)
+    kept = (await backend.stats(now=later, worker_window_s=everyone)).workers
+    assert [(w.worker_id, w.started_at) for w in kept] == [("alive", T0)]
 
 
 async def test_worker_ids_are_stored_verbatim(backend: Backend) -> None:

@@ -4,8 +4,6 @@ maxmemory) refuses an enqueue whole, as a BackendError, and still serves reads a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from redis import Redis
@@ -16,16 +14,8 @@ from backburner.backends.base import Complete
 from backburner.backends.redis import RedisBackend
 from backburner.errors import BackendError, JobNotFoundError
 
-from ..chaos.support import RedisServer, started_redis
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    yield from started_redis(tmp_path)
-
-
-def _redis(server: RedisServer) -> Redis:
-    return Redis(port=server.port)
+from ..chaos.support import RedisServer
+from .conftest import noop_app
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -47,9 +37,14 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ],
 )
 async def test_a_backend_warns_at_connect_when_redis_may_evict_its_keys(
-    own_redis: RedisServer, caplog: pytest.LogCaptureFixture, policy: str, at_risk: str | None
+    own_redis: RedisServer,
+    own_admin: Redis,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
+    at_risk: str | None,
 ) -> None:
-    _redis(own_redis).config_set("maxmemory-policy", policy)
+    own_admin.config_set("maxmemory-policy", policy)
+    own_admin.config_set("maxmemory", "1gb")
     backend = backend_from_url(own_redis.url("ev"))
     assert isinstance(backend, RedisBackend)
     with caplog.at_level(logging.WARNING, logger="backburner.redis"):
@@ -69,21 +64,30 @@ async def test_a_backend_warns_at_connect_when_redis_may_evict_its_keys(
         await backend.close()
 
 
-async def test_a_user_who_may_not_read_info_connects_without_a_warning(
-    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+async def test_without_maxmemory_nothing_is_evicted_and_nothing_is_warned(
+    own_redis: RedisServer, own_admin: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    admin = _redis(own_redis)
+    own_admin.config_set("maxmemory-policy", "allkeys-lru")  # (maxmemory 0: no limit)
+    backend = backend_from_url(own_redis.url("ev"))
+    assert isinstance(backend, RedisBackend)
+    with caplog.at_level(logging.INFO, logger="backburner.redis"):
+        await backend.connect()
+    await backend.close()
+    assert backend.eviction_policy == "allkeys-lru"
+    assert _warnings(caplog) == []
+    assert any("but no maxmemory set" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_user_who_may_not_read_info_connects_without_a_warning(
+    own_redis: RedisServer, own_admin: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = own_admin
     admin.config_set("maxmemory-policy", "allkeys-lru")
+    admin.config_set("maxmemory", "1gb")
     admin.execute_command(
         "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-info", "-config"
     )
-    url = f"redis://app:secret@127.0.0.1:{own_redis.port}/0?prefix=ev"
-    bb = Backburner(url)
-
-    @bb.task()
-    async def noop(ctx: JobContext) -> None:
-        return None
-
+    bb = noop_app(f"redis://app:secret@127.0.0.1:{own_redis.port}/0?prefix=ev")
     with caplog.at_level(logging.DEBUG, logger="backburner.redis"):
         async with bb:
             job = await bb.enqueue("noop")
@@ -95,9 +99,9 @@ async def test_a_user_who_may_not_read_info_connects_without_a_warning(
 
 @pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
 async def test_a_full_redis_refuses_writes_whole_and_still_serves_reads_and_deletes(
-    own_redis: RedisServer, functions: bool
+    own_redis: RedisServer, own_admin: Redis, functions: bool
 ) -> None:
-    admin = _redis(own_redis)
+    admin = own_admin
     admin.config_set("maxmemory-policy", "noeviction")
     backend = backend_from_url(own_redis.url("full"))
     assert isinstance(backend, RedisBackend)
@@ -145,11 +149,14 @@ async def test_a_full_redis_refuses_writes_whole_and_still_serves_reads_and_dele
         page = await bb.list(status="queued", limit=5)
         assert len(page.jobs) == 5 and all(j.status == JobStatus.QUEUED for j in page.jobs)
         assert await bb.in_flight() == stored + 1
-        # A heartbeat renews the running job's lease as a function (allow-oom); by EVALSHA,
+        # As functions (allow-oom), a heartbeat renews the running job's lease; by EVALSHA,
         # Redis refuses its first write (HSET), before it changed anything.
         lease_before = (await bb.get(running.task_id)).lease_expires_at
         held = {running.task_id: fence[running.task_id]}
         if functions:
+            # Waiting for a job's events (SSE, wait) gives it a stream first: allowed too.
+            heads = await backend.wait_for_events({running.task_id: 0}, timeout=1.0)
+            assert heads == {running.task_id: 2}  # queued, processing
             assert await backend.heartbeat("w1", held, now=now() + 5, lease_s=60) == held
             assert (await bb.get(running.task_id)).lease_expires_at != lease_before
         else:
@@ -159,7 +166,7 @@ async def test_a_full_redis_refuses_writes_whole_and_still_serves_reads_and_dele
         if functions:
             # A result is a write: refused whole, the job processing under the same fence.
             # (By EVALSHA, Redis looks at memory only at a script's first write, which for a
-            # finish is a ZREM that takes none: the result is stored.)
+            # finish alone is a ZREM that takes none: the result is stored.)
             with pytest.raises(BackendError, match="OOM"):
                 await backend.finish(
                     running.task_id, fence[running.task_id], Complete("z"), now=now()

@@ -10,41 +10,30 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from backburner import Backburner, JobContext, JobStatus
-from backburner.backends import backend_from_url
-from backburner.backends.redis import RedisBackend
+from backburner import JobStatus
 from backburner.backends.redis_upgrade import LAYOUT_KEY, LAYOUT_VERSION
 from backburner.errors import JobNotFoundError
 
 from ..chaos.support import RedisServer, require_redis_backend
 from ..helpers import eventually
+from .conftest import noop_app
 from .test_redis_sentinel import enqueue_retrying
 
 LOST = "has lost every key of prefix 'rs'"
 
 
 @pytest.fixture(params=[False, True], ids=["no-persistence", "appendonly"])
-def own_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
+def restarting_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
     require_redis_backend()
-    server = RedisServer(tmp_path / "redis", appendonly=request.param)
-    server.start()
+    # (appendfsync always: with everysec Redis may answer a write it has not yet handed to the
+    # OS, while an fsync runs, and a kill -9 loses it; this test is about the report)
+    config = ("--appendfsync", "always") if request.param else ()
+    server = RedisServer(tmp_path / "redis", appendonly=request.param, config=config)
     try:
+        server.start()
         yield server
     finally:
         server.stop()
-
-
-def _app(server: RedisServer, functions: bool) -> Backburner:
-    backend = backend_from_url(server.url("rs"))
-    assert isinstance(backend, RedisBackend)
-    backend.functions = functions
-    bb = Backburner(backend)
-
-    @bb.task()
-    async def noop(ctx: JobContext) -> None:
-        return None
-
-    return bb
 
 
 def _reports(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -57,16 +46,15 @@ def _reports(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
 async def test_a_restart_that_lost_the_keys_is_reported_once_and_the_store_goes_on(
-    own_redis: RedisServer, functions: bool, caplog: pytest.LogCaptureFixture
+    restarting_redis: RedisServer, functions: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    persistent = own_redis.appendonly
-    bb = _app(own_redis, functions)
+    persistent = restarting_redis.appendonly
+    bb = noop_app(restarting_redis.url("rs"), functions=functions)
     caplog.set_level(logging.INFO, logger="backburner.redis")
     async with bb:
-        # (Redis writes the AOF before it answers: a kill -9 after the answer keeps the job.)
         before = await bb.enqueue("noop")
-        own_redis.kill()
-        own_redis.start()
+        restarting_redis.kill()
+        restarting_redis.start()
         after, _ = await enqueue_retrying(bb, "noop", {})
         # A second script after the restart: the first found the code gone, this one does not.
         also = await bb.enqueue("noop")
@@ -78,10 +66,11 @@ async def test_a_restart_that_lost_the_keys_is_reported_once_and_the_store_goes_
         else:
             await eventually(lambda: _reports(caplog) != [], message="the loss reported")
             (report,) = _reports(caplog)
-            assert LOST in report and f"127.0.0.1:{own_redis.port}" in report
+            assert LOST in report and f"127.0.0.1:{restarting_redis.port}" in report
             assert "appendonly yes" in report
             with pytest.raises(JobNotFoundError):
                 await bb.get(before.task_id)
         # Marked as a store of this layout again: a process connecting now takes it as is.
-        layout = Redis(port=own_redis.port).get("{rs}:" + LAYOUT_KEY)
+        with Redis(port=restarting_redis.port) as admin:
+            layout = admin.get("{rs}:" + LAYOUT_KEY)
         assert layout == str(LAYOUT_VERSION).encode()

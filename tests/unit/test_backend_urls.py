@@ -72,7 +72,8 @@ def test_a_sentinel_url_without_credentials_or_database() -> None:
         ("redis+sentinel://[::1/m", "Invalid IPv6 URL"),
         ("redis+sentinel://[::1]x/m", "bad address"),
         ("redis+sentinel://h/m?socket_timeout=1", "unknown option(s) socket_timeout"),
-        ("redis+sentinel://h/m?ssl_ca_certs=/ca.pem", "needs TLS"),
+        ("redis+sentinel://h/m?ssl_ca_certs=/ca.pem", "needs TLS (rediss+sentinel://)"),
+        ("redis+sentinel://h/m?prefix=a&prefix=b", "given more than once: prefix"),
         ("rediss+sentinel://h/m?ssl_ca_certs=/no/ca.pem", "ssl_ca_certs: no such file"),
         ("redis+sentinel://h/m?prefix=a{b}", "prefix"),
         ("redis+sentinel://h/m/\u00b2", "is not a number"),
@@ -117,7 +118,7 @@ def test_a_cluster_url_names_nodes_and_credentials(ca_file: str) -> None:
         ("redis+cluster://h:0", "not a number in 1..65535"),
         ("redis+cluster://h,", "an address has no host"),
         ("redis+cluster://h?socket_timeout=1", "unknown option(s) socket_timeout"),
-        ("redis+cluster://h?ssl_ca_certs=/ca.pem", "needs TLS"),
+        ("redis+cluster://h?ssl_ca_certs=/ca.pem", "needs TLS (rediss+cluster://)"),
         ("rediss+cluster://h?ssl_ca_certs=/no/ca.pem", "ssl_ca_certs: no such file"),
         ("redis+cluster://h?prefix=a{b}", "prefix"),
         ("redis+cluster://h?replicas=x", "replicas must be a whole number"),
@@ -164,7 +165,16 @@ def test_a_moved_reply_names_the_node_serving_the_slot(
         ),
         ("redis+cluster://u:pw@h1,h2:7000?prefix=x", "redis+cluster://u:***@h1,h2:7000?prefix=x"),
         ("redis://host/0?password=pw", "redis://host/0?password=***"),
-        ("redis://host/0?password=a#b&x=1", "redis://host/0?password=***&x=1"),
+        ("redis://host/0?password=a#b&x=1", "redis://host/0?password=***&x=***"),
+        ("rediss://h/0?ssl_pasword=pw&prefix=p", "rediss://h/0?ssl_pasword=***&prefix=p"),
+        (
+            "redis+sentinel://h/m?sentinel_pasword=sp&sentinel_username=s",
+            "redis+sentinel://h/m?sentinel_pasword=***&sentinel_username=s",
+        ),
+        (
+            "redis://h/0?socket_timeout=2&client_name=w1",
+            "redis://h/0?socket_timeout=2&client_name=w1",
+        ),
         ("rediss://host/0?ssl_password=key", "rediss://host/0?ssl_password=***"),
         ("redis://:pa/ss@host/0", "redis://:***@host/0"),  # (not escaped: hidden all the same)
         ("redis://u:p?w#d@host:1/0", "redis://u:***@host:1/0"),
@@ -197,6 +207,14 @@ def test_a_url_is_shown_without_its_secrets(url: str, shown: str) -> None:
         ("redis://h/0?protocol=3", "protocol cannot be set (backburner reads RESP2"),
         ("redis://h/0?decode_responses=true", "decode_responses cannot be set"),
         ("redis://h/0?db=2", "db cannot be set (the database is the URL's path"),
+        ("redis://h/0?socket_timeout=-5", "socket_timeout must be above 0"),
+        ("redis://h/0?socket_timeout=nan", "socket_timeout must be above 0"),
+        ("redis://h/0?socket_timeout=0", "socket_timeout must be above 0"),
+        ("redis://h/0?max_connections=0", "max_connections must be at least 1"),
+        ("redis://h/0?prefix=a&prefix=b", "option(s) given more than once: prefix"),
+        ("rediss://h/0?ssl_ca_path=/no/cas", "ssl_ca_path: no such directory '/no/cas'"),
+        ("rediss://h/0?ssl_cert_reqs=bogus", "ssl_cert_reqs is none, optional or required"),
+        ("rediss://h/0?ssl_pasword=pa/ss", "unknown option(s) ssl_pasword"),
     ],
 )
 def test_a_redis_url_with_a_bad_option_is_refused_without_its_password(
@@ -211,6 +229,7 @@ def test_redis_pys_own_options_reach_it(ca_file: str) -> None:
     url = (
         f"rediss://h:6380/1?ssl_ca_certs={ca_file}&ssl_certfile={ca_file}&ssl_keyfile={ca_file}"
         "&ssl_cert_reqs=required&ssl_check_hostname=true&socket_connect_timeout=2&client_name=w"
+        "&username=app&password=pw&socket_read_size=65536"
     )
     bb = Backburner(url + "&prefix=p")
     assert isinstance(bb.backend, RedisBackend)

@@ -7,8 +7,8 @@ import pytest
 from backburner.backends.redis_eviction import (
     AT_RISK_ANY,
     AT_RISK_WITH_TTL,
-    eviction_policy,
     eviction_risk,
+    info_field,
 )
 
 INFO = (
@@ -30,10 +30,11 @@ INFO = (
     ],
 )
 def test_each_policy_read_from_info_names_what_it_may_evict(policy: str, risk: str | None) -> None:
-    assert eviction_policy(INFO.format(policy)) == policy
+    assert info_field(INFO.format(policy), "maxmemory_policy") == policy
     assert eviction_risk(policy) == risk
 
 
 def test_info_without_a_policy_reads_as_none() -> None:
-    assert eviction_policy("# Memory\r\nused_memory:1\r\n") is None
-    assert eviction_policy("") is None
+    assert info_field("# Memory\r\nused_memory:1\r\n", "maxmemory_policy") is None
+    assert info_field("", "maxmemory_policy") is None
+    assert info_field(INFO.format("noeviction"), "maxmemory") == "0"
