@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError, MissingDependencyError
@@ -114,7 +113,6 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
                 "redis://host:6379/0"
             )
         check_redis_url_options(url, redacted(url))
-        _check_redis_py_values(urlunsplit(parts._replace(query=rest)), url)
     return RedisBackend(
         urlunsplit(parts._replace(query=rest)),
         prefix=ours.get("prefix", "bb"),
@@ -122,35 +120,6 @@ def _redis_backend(url: str, max_queue_size: int | None) -> Backend:
         replicas=replicas,
         replica_timeout_ms=timeout_ms,
     )
-
-
-def _check_redis_py_values(url: str, shown: str) -> None:
-    """ConfigurationError if redis-py cannot read the values of the options passed to it
-    (``url``: without backburner's own)."""
-    from redis.asyncio.connection import parse_url
-
-    try:
-        values = parse_url(url)
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid Redis URL {redacted(shown)!r}: {exc}") from None
-    for name, least in _LEAST.items():
-        value = values.get(name)
-        if isinstance(value, int | float) and not (math.isfinite(value) and value >= least):
-            bound = "above 0" if least == _ABOVE_ZERO else f"at least {least:g}"
-            raise ConfigurationError(
-                f"invalid Redis URL {redacted(shown)!r}: {name} must be {bound}"
-            )
-
-
-_ABOVE_ZERO = 1e-9
-_LEAST = {
-    "socket_timeout": _ABOVE_ZERO,  # (0 would time every command out at once)
-    "socket_connect_timeout": _ABOVE_ZERO,
-    "health_check_interval": 0,
-    "max_connections": 1,
-    "socket_read_size": 1,
-}
-"""The least value of each numeric option redis-py reads from a URL."""
 
 
 def _whole(text: str) -> bool:

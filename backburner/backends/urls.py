@@ -22,10 +22,11 @@ port defaults to 6379; a Cluster has one database, 0. Options: ``prefix``, ``rep
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError
 
@@ -144,10 +145,7 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     nodes = tuple(_address(text, what, REDIS_PORT) for text in hosts_text.split(","))
     if parts.path not in ("", "/", "/0"):
         raise ConfigurationError(f"{what}: a Cluster has one database, 0 (the path is /0 or none)")
-    options = _options(parts.query, CLUSTER_OPTIONS, what)
-    username, password = _credentials(credentials)
-    tls = CLUSTER_SCHEMES[parts.scheme.lower()]
-    _check_tls(options, tls, what, "rediss+cluster")
+    options, username, password, tls = _access(parts, credentials, CLUSTER_OPTIONS, what)
     return ClusterAddress(
         nodes=nodes,
         username=username,
@@ -170,6 +168,19 @@ def _options(query: str, known: frozenset[str], what: str) -> dict[str, str]:
         twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
         raise ConfigurationError(f"{what}: option(s) given more than once: {', '.join(twice)}")
     return options
+
+
+def _access(
+    parts: SplitResult, credentials: str, known: frozenset[str], what: str
+) -> tuple[dict[str, str], str | None, str | None, bool]:
+    """A Sentinel or Cluster URL's options (checked), user name, password and whether it
+    speaks TLS."""
+    options = _options(parts.query, known, what)
+    username, password = _credentials(credentials)
+    schemes = SENTINEL_SCHEMES if parts.scheme.lower() in SENTINEL_SCHEMES else CLUSTER_SCHEMES
+    tls = schemes[parts.scheme.lower()]
+    _check_tls(options, tls, what, next(s for s, secure in schemes.items() if secure))
+    return options, username, password, tls
 
 
 def _check_tls(options: dict[str, str], tls: bool, what: str, scheme: str) -> None:
@@ -199,6 +210,35 @@ def check_redis_url_options(url: str, shown: str) -> None:
             raise ConfigurationError(f"{what}: {name} cannot be set ({_NOT_OURS_TO_SET[name]})")
     options = _options(parts.query, BACKBURNER_OPTIONS | REDIS_PY_OPTIONS | TLS_OPTIONS, what)
     _check_tls(options, tls, what, "rediss")
+    theirs = [(k, v) for k, v in options.items() if k not in BACKBURNER_OPTIONS]
+    _check_redis_py_values(urlunsplit(parts._replace(query=urlencode(theirs))), what)
+
+
+def _check_redis_py_values(url: str, what: str) -> None:
+    """ConfigurationError if redis-py cannot read the values of the options it is passed
+    (``url``: without backburner's own), or a number is out of its range."""
+    from redis.asyncio.connection import parse_url
+
+    try:
+        values = parse_url(url)
+    except ValueError as exc:
+        raise ConfigurationError(f"{what}: {exc}") from None
+    for name, least in _LEAST.items():
+        value = values.get(name)
+        if isinstance(value, int | float) and not (math.isfinite(value) and value >= least):
+            bound = "above 0" if least == _ABOVE_ZERO else f"at least {least:g}"
+            raise ConfigurationError(f"{what}: {name} must be {bound}")
+
+
+_ABOVE_ZERO = 1e-9
+_LEAST = {
+    "socket_timeout": _ABOVE_ZERO,  # (0 would time every command out at once)
+    "socket_connect_timeout": _ABOVE_ZERO,
+    "health_check_interval": 0,
+    "max_connections": 1,
+    "socket_read_size": 1,
+}
+"""The least value of each numeric option redis-py reads from a URL."""
 
 
 _FILE_OPTIONS: dict[str, tuple[Callable[[str], bool], str]] = {
@@ -249,10 +289,7 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
                 f"invalid Sentinel URL {shown!r}: the database {names[1]!r} is not a number"
             )
         db = int(names[1])
-    options = _options(parts.query, SENTINEL_OPTIONS, what)
-    username, password = _credentials(credentials)
-    tls = SENTINEL_SCHEMES[parts.scheme.lower()]
-    _check_tls(options, tls, what, "rediss+sentinel")
+    options, username, password, tls = _access(parts, credentials, SENTINEL_OPTIONS, what)
     return SentinelAddress(
         sentinels=sentinels,
         service=names[0],
