@@ -16,8 +16,6 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from pydantic_core import from_json
-
 from ..errors import (
     BackendError,
     ConfigurationError,
@@ -30,8 +28,8 @@ from ..errors import (
     QuotaExceededError,
     SubmitRateLimitedError,
 )
-from ..jsoncodec import check_usage, encode
-from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress, Usage, replaced
+from ..jsoncodec import encode
+from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress
 from .base import (
     WORKER_RETENTION_S,
     Complete,
@@ -40,9 +38,6 @@ from .base import (
     NextClaim,
     Outcome,
     Quota,
-    Release,
-    RetryAt,
-    Wait,
     check_slot_args,
 )
 from .outbox import new_msg_id
@@ -60,6 +55,7 @@ from .redis_codec import (
 from .redis_endpoint import RedisEndpoint
 from .redis_eviction import warn_if_evicting
 from .redis_link import RedisLink
+from .redis_outcomes import finished_job, outcome_args, webhook_event
 from .redis_reads import RedisReads, text
 from .redis_scripts import BATCH_SUFFIX
 from .redis_upgrade import (
@@ -80,54 +76,6 @@ log = logging.getLogger("backburner.redis")
 def _stored(object_json: str) -> dict[str, Any]:
     """A JSON object as it reads back from the store (the empty one, most metadata, at once)."""
     return {} if object_json == "{}" else json.loads(object_json)
-
-
-def _webhook_event(outcome: Outcome) -> str:
-    """The webhook event of the status an outcome ends in ('' for one that re-queues)."""
-    if isinstance(outcome, Complete):
-        return WEBHOOK_EVENTS[JobStatus.COMPLETED]
-    if isinstance(outcome, Fail):
-        return WEBHOOK_EVENTS[JobStatus.FAILED]
-    return ""
-
-
-_DONE = Progress(percent=100.0)
-"""A completed job's progress, unless it has a message (a constant: Progress is frozen)."""
-
-
-def _finished(
-    claimed: Job, outcome: Complete | Fail, details: list[str], now: float, reply: list[Any]
-) -> Job:
-    """The job as finish.lua leaves it after a Complete or a Fail of the attempt ``claimed``
-    (the job as its claim returned it), equal to what read_job would return: made from the
-    outcome's script arguments (``details``: kind, result, usage for a Complete) and the reply
-    {'ok', false, expires_at, progress percent, progress message}, which carries what may have
-    changed since the claim."""
-    percent, message = float(reply[3]), None if reply[4] is None else from_json(reply[4])
-    progress = claimed.progress
-    if progress.percent != percent or progress.message != message:
-        # (a Complete sets 100: made once, as Progress is immutable)
-        done = percent == 100 and message is None
-        progress = _DONE if done else Progress(percent=percent, message=message)
-    update: dict[str, Any] = {
-        "finished_at": now,
-        "expires_at": float(reply[2]),
-        "lease_expires_at": None,
-        "progress": progress,
-    }
-    if isinstance(outcome, Complete):
-        status, error = JobStatus.COMPLETED, None
-        update["result"] = from_json(details[1])
-        if details[2]:  # none given leaves the job's usage as it was
-            update["usage"] = Usage.model_validate_json(details[2])
-    else:
-        status, error = JobStatus.FAILED, outcome.error
-    update.update(status=status, error=error)
-    history = claimed.history
-    if history and history[-1].finished_at is None:  # the attempt's record, open since claimed
-        closed = {"finished_at": now, "outcome": status.value, "error": error}
-        update["history"] = [*history[:-1], replaced(history[-1], closed)]
-    return replaced(claimed, update)
 
 
 class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
@@ -479,7 +427,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         then_claim: NextClaim | None = None,
     ) -> Job:
         try:
-            details = self._outcome_args(outcome, now)
+            details = outcome_args(outcome, now)
         except InvalidInputError as exc:
             await self._raise_unless_held(task_id, fence, exc)
         # A terminal outcome of the claim `claimed` shows is built from it, not read back: the
@@ -500,7 +448,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             # The webhook message's id, if this makes a job with one terminal (a claimed job
             # shows whether it has one: no id to make for the many that do not).
             "" if claimed is not None and claimed.webhook_url is None else new_msg_id(),
-            _webhook_event(outcome),
+            webhook_event(outcome),
             "1" if claimed is None else "0",
             "" if then_claim is None else self._next_claims.text(then_claim),
             *details,
@@ -512,35 +460,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if claimed is None:
             return decode_job(reply[1])
         assert isinstance(outcome, Complete | Fail)
-        return _finished(claimed, outcome, details, float(now), reply)
-
-    @staticmethod
-    def _outcome_args(outcome: Outcome, now: float) -> list[str]:
-        if isinstance(outcome, Complete):
-            result = encode(outcome.result, "result")
-            usage = check_usage(outcome.usage)
-            return [
-                "complete",
-                result,
-                "" if usage is None else encode(usage, "usage"),
-                f'{{"status":"completed","result":{result}}}',
-            ]
-        if isinstance(outcome, Fail):
-            return ["fail", encode(outcome.error.model_dump()), number(outcome.ttl_s)]
-        if isinstance(outcome, RetryAt):
-            return [
-                "retry",
-                encode(outcome.error.model_dump()),
-                number(outcome.run_at),
-                "1" if outcome.run_at > now else "0",
-            ]
-        if isinstance(outcome, Release):
-            reason = encode({"status": "queued", "released": outcome.reason})
-            return ["release", reason]
-        if isinstance(outcome, Wait):
-            reason = encode({"status": "queued", "waiting": outcome.reason})
-            return ["wait", reason, number(outcome.run_at), "1" if outcome.run_at > now else "0"]
-        raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union
+        return finished_job(claimed, outcome, details, float(now), reply)
 
     async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
         """A stale writer hears about its lease first, whatever else is wrong with its write."""

@@ -20,7 +20,8 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..errors import BackendConnectionError, BackendError, NotPrimaryError
-from .redis_link import Arg, RedisLink, Script, refused_by_replica
+from .redis_link import RedisLink, Script
+from .redis_pipe import Arg, refused_by_replica
 
 MAX_BATCH = 200
 """Calls per batch: Redis runs a batch as one script, and serves nobody else meanwhile."""

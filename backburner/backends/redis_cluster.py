@@ -6,8 +6,9 @@ is asked of the nodes the URL names (``redis+cluster://``), in turn: a key comma
 one, which answers it (it serves the slot) or redirects it (``MOVED <slot> <host>:<port>``,
 followed). Every new connection goes to the node found. A failover or a resharding that moves
 the slot makes the old node answer ``MOVED``: the link then drops its connections and sends
-the command once more (redis_link.py), and new connections go to the node the reply named. A
-node that cannot be reached is forgotten, and the next connection asks the named nodes again.
+the command once more (redis_pipe.py, redis_link.py), and new connections go to the node the
+reply named. A node that cannot be reached is forgotten, and the next connection asks the named
+nodes again.
 """
 
 from __future__ import annotations

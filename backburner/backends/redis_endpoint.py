@@ -7,7 +7,7 @@ connections then, and new ones go to the new primary. Without that, connections 
 primary that is still up would keep writing to it until Sentinel makes it a replica (up to
 10 s later), and those writes would be lost. A dead primary's connections break by
 themselves; one made a replica under a connection gets ``READONLY`` replies, which the link
-also drops the connection for (redis_link.py).
+also drops the connection for (redis_pipe.py, redis_link.py).
 """
 
 from __future__ import annotations

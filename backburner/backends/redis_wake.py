@@ -23,7 +23,8 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..aio import wait_set
-from .redis_link import Dedicated, pack, take_over
+from .redis_link import Dedicated
+from .redis_pipe import pack, take_over
 
 log = logging.getLogger("backburner.redis")
 

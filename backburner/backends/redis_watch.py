@@ -19,7 +19,8 @@ from typing import Any
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from ..errors import BackendError
-from .redis_link import Dedicated, RedisLink, pack
+from .redis_link import Dedicated, RedisLink
+from .redis_pipe import pack
 
 log = logging.getLogger("backburner.redis")
 

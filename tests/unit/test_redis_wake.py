@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import ConnectionPool
 
 from backburner.aio import wait_set
-from backburner.backends.redis_link import pack
+from backburner.backends.redis_pipe import pack
 from backburner.backends.redis_wake import Inbox, WakeChannel
 
 from ._loopback import LoopbackServer
