@@ -138,8 +138,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         cancelled by close()."""
         self._store_check: asyncio.Task[None] | None = None
         self.eviction_policy: str | None = None
-        """Redis's maxmemory-policy as read at connect (None: not read); any but noeviction
-        was warned about (redis_eviction)."""
+        """Redis's maxmemory-policy as last read (None: not read): at connect, and again after a
+        failover or a restart; any but noeviction was warned about (redis_eviction)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -200,9 +200,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         log.warning("Redis at %s: %s; reconnecting", self._where, reason)
         if self._link is not None:
             await self._link.reconnect(reason)
-        for reader in (self._wake, self._watcher):
-            if reader is not None:
-                await reader.reconnect()
+        await self._reconnect_readers()
+        if self._link is not None:  # (another Redis, maybe with another eviction policy)
+            self.eviction_policy = await warn_if_evicting(self._link, self._where)
 
     def _slot_moved(self, reply: str) -> bool:
         """A Cluster node answered MOVED: the link reconnects (to the node it names); so do
@@ -226,7 +226,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
 
     async def _check_store(self) -> None:
         try:
-            lost = await mark_if_lost(self._conn(), self._p, where=self._where)
+            link = self._conn()
+            lost = await mark_if_lost(link, self._p, where=self._where)
         except BackendError as exc:  # (Redis went away again: the next script asks again)
             log.info("Redis at %s: could not check the store after a restart: %s", self._where, exc)
             return
@@ -239,6 +240,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 self._where,
                 self.prefix,
             )
+        # A restarted Redis may have come back with another configuration.
+        self.eviction_policy = await warn_if_evicting(link, self._where)
 
     async def _reconnect_readers(self) -> None:
         for reader in (self._wake, self._watcher):

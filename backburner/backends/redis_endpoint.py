@@ -35,6 +35,12 @@ log = logging.getLogger("backburner.redis")
 POLL_S = 1.0
 """The longest a read of the announcements waits before it looks again whether to stop."""
 
+SENTINEL_TIMEOUT_S = 2.0
+"""The longest a Sentinel may take to accept a connection or answer: it answers from memory, so
+one silent this long is hung, and the next is asked (a hung Sentinel listed first cost each
+process 5 s, the primary's timeout, at its first connection). Above POLL_S: redis-py before 8
+ends a bounded read of the announcements at the socket timeout, as if the Sentinel were gone."""
+
 SWITCH_CHANNEL = "+switch-master"
 """Where Sentinels announce a new primary: ``<service> <old ip> <old port> <new ip> <new port>``."""
 
@@ -90,6 +96,9 @@ class RedisEndpoint:
             sentinel_options = {
                 key: value for key, value in options.items() if key.startswith("socket_")
             }
+            sentinel_options.update(
+                socket_timeout=SENTINEL_TIMEOUT_S, socket_connect_timeout=SENTINEL_TIMEOUT_S
+            )
             sentinel_options.update(
                 username=address.sentinel_username, password=address.sentinel_password, **tls
             )

@@ -1,9 +1,10 @@
-"""Whether the Redis may evict the backend's keys, read once as a backend connects.
+"""Whether the Redis may evict the backend's keys, read as a backend connects, and again once it
+is on another Redis (a Sentinel failover, a restart that lost the backend's code).
 
 Redis under ``maxmemory`` with any ``maxmemory-policy`` but ``noeviction`` deletes keys to make
 room, silently: a job whose keys go is neither run nor reported, which the rest of the backend
 is built never to allow. A managed Redis often defaults to ``volatile-lru``. The backend warns
-at connect, naming what the policy puts at risk (it cannot refuse: the setting may not be its
+then, naming what the policy puts at risk (it cannot refuse: the setting may not be its
 owner's to change, and with memory to spare nothing is evicted).
 """
 

@@ -11,6 +11,7 @@ import pytest
 from redis import Redis
 
 from backburner import JobStatus
+from backburner.backends.redis import RedisBackend
 from backburner.backends.redis_upgrade import LAYOUT_KEY, LAYOUT_VERSION
 from backburner.errors import JobNotFoundError
 
@@ -74,3 +75,36 @@ async def test_a_restart_that_lost_the_keys_is_reported_once_and_the_store_goes_
         with Redis(port=restarting_redis.port) as admin:
             layout = admin.get("{rs}:" + LAYOUT_KEY)
         assert layout == str(LAYOUT_VERSION).encode()
+
+
+async def test_a_redis_that_restarts_with_an_evicting_policy_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_redis_backend()
+    server = RedisServer(tmp_path / "redis", appendonly=False)
+    try:
+        server.start()
+        bb = noop_app(server.url("rp"))
+        caplog.set_level(logging.INFO, logger="backburner.redis")
+        async with bb:
+            backend = bb.backend
+            assert isinstance(backend, RedisBackend)
+            assert backend.eviction_policy == "noeviction"
+            server.kill()
+            server.config += ("--maxmemory", "1gb", "--maxmemory-policy", "volatile-lru")
+            server.start()
+            await enqueue_retrying(bb, "noop", {})
+            await eventually(
+                lambda: backend.eviction_policy == "volatile-lru",
+                message="the restarted Redis's policy read",
+            )
+        warned = [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "backburner.redis" and r.levelno == logging.WARNING
+        ]
+        (policy,) = [w for w in warned if "maxmemory-policy" in w]  # the restarted one's
+        assert "maxmemory-policy volatile-lru" in policy
+        assert "finished jobs with their results" in policy
+    finally:
+        server.stop()

@@ -7,6 +7,7 @@ Every Redis here is the test's own (a primary, its replica and one Sentinel, on 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -23,10 +24,12 @@ from redis import Redis
 from backburner import Backburner, Job, JobContext, JobStatus
 from backburner.backends import backend_from_url
 from backburner.backends.redis import RedisBackend
+from backburner.backends.redis_endpoint import SENTINEL_TIMEOUT_S
 from backburner.errors import BackendError, NotPrimaryError, NotReplicatedError
 
 from ..chaos.support import RedisServer, _stop, ps_leftovers, require_redis_backend
 from ..helpers import WORKER_TEST_SETTINGS, eventually, free_port, running_worker
+from .conftest import noop_app
 
 SERVICE = "bbtest"
 
@@ -158,9 +161,12 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
 
 
 @pytest.mark.timeout(120)
-async def test_a_sentinel_backend_follows_a_failover(sentinel_set: SentinelSet) -> None:
+async def test_a_sentinel_backend_follows_a_failover(
+    sentinel_set: SentinelSet, caplog: pytest.LogCaptureFixture
+) -> None:
     await until(sentinel_set.sentinel.replica_ready, "the Sentinel ready to promote the replica")
     bb = Backburner(sentinel_set.url("ha"), settings=WORKER_TEST_SETTINGS)
+    caplog.set_level(logging.WARNING, logger="backburner.redis")
     ran: list[str] = []
 
     @bb.task(max_attempts=1)
@@ -180,6 +186,11 @@ async def test_a_sentinel_backend_follows_a_failover(sentinel_set: SentinelSet) 
         with Redis(port=old_port) as fence:
             fence.set("fence", "1")
             assert fence.wait(1, 10_000) == 1
+        backend = bb.backend
+        assert isinstance(backend, RedisBackend) and backend.eviction_policy == "noeviction"
+        with Redis(port=new_port) as replica:  # the new primary may evict: read after the switch
+            replica.config_set("maxmemory", "1gb")
+            replica.config_set("maxmemory-policy", "allkeys-lru")
         sentinel_set.sentinel.ask("SENTINEL", "FAILOVER", SERVICE)
         await until(lambda: sentinel_set.sentinel.primary_port() == new_port, "the switch")
         # The old primary is up and takes writes until Sentinel makes it a replica, ~10 s
@@ -189,6 +200,12 @@ async def test_a_sentinel_backend_follows_a_failover(sentinel_set: SentinelSet) 
 
         after = await bb.enqueue("note", {"n": 2})
         await until(_completed(bb, after.task_id), "a job enqueued after the failover completed")
+        await until(lambda: backend.eviction_policy == "allkeys-lru", "the new primary's policy")
+        assert any(
+            "maxmemory-policy allkeys-lru" in r.getMessage()
+            for r in caplog.records
+            if r.name == "backburner.redis" and r.levelno == logging.WARNING
+        )
 
     first, second = await _read(sentinel_set.url("ha"), before.task_id, after.task_id)
     assert first.status is JobStatus.COMPLETED and first.result == 2  # replicated before
@@ -317,6 +334,25 @@ async def test_a_sentinel_url_is_read_at_once_and_its_service_named_when_unreach
         with pytest.raises(BackendError, match="Sentinel service 'svc'"):
             await bad.connect()
         await bad.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_hung_sentinel_listed_first_delays_a_connect_by_its_timeout_only(
+    sentinel_set: SentinelSet,
+) -> None:
+    with socket.socket() as hung:  # listening, never read: the kernel accepts, nobody answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        sentinels = f"127.0.0.1:{hung.getsockname()[1]},127.0.0.1:{sentinel_set.sentinel.port}"
+        bb = noop_app(f"redis+sentinel://{sentinels}/{SERVICE}/0?prefix=hung")
+        started = time.monotonic()
+        async with bb:
+            job = await bb.enqueue("noop")
+            took = time.monotonic() - started
+            assert (await bb.get(job.task_id)).status is JobStatus.QUEUED
+    # The hung one was asked first, and given up after SENTINEL_TIMEOUT_S (it was 5 s: the
+    # primary's timeout).
+    assert SENTINEL_TIMEOUT_S - 0.1 <= took < SENTINEL_TIMEOUT_S + 2.0
 
 
 def _streaming(primary_port: int) -> bool:
