@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, NoReturn
 
 from ..errors import (
@@ -53,7 +53,7 @@ from .redis_codec import (
     priority_code,
 )
 from .redis_endpoint import RedisEndpoint
-from .redis_eviction import warn_if_evicting
+from .redis_eviction import Eviction, read_eviction, report_eviction
 from .redis_link import RedisLink
 from .redis_outcomes import finished_job, outcome_args, webhook_event
 from .redis_reads import RedisReads, text
@@ -133,13 +133,13 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._wake: WakeChannel | None = None
         self._watcher: StreamWatcher | None = None
         self._connect_lock: asyncio.Lock | None = None
-        self._moving: set[asyncio.Task[None]] = set()
-        """Reconnections after a Cluster's MOVED, and checks of the store after a restart:
-        cancelled by close()."""
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Reconnections after a Cluster's MOVED, checks of the store after a restart and of
+        the eviction policy after a failover: cancelled by close()."""
         self._store_check: asyncio.Task[None] | None = None
-        self.eviction_policy: str | None = None
-        """Redis's maxmemory-policy as last read (None: not read): at connect, and again after a
-        failover or a restart; any but noeviction was warned about (redis_eviction)."""
+        self._eviction: Eviction | None = None
+        """Redis's eviction settings as last read: at connect, and again after a failover or a
+        restart; reported (redis_eviction) when read, if they differ from the last read."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -168,18 +168,20 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             replica_timeout_ms=self.replica_timeout_ms,
         )
         self._link.on_moved = self._slot_moved
-        self._link.on_code_lost = self._code_lost
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
-            layout, _, self.eviction_policy = await asyncio.gather(
+            layout, _, _ = await asyncio.gather(
                 self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
                 self._load_code(self._link),
-                warn_if_evicting(self._link, self._where),
+                self._check_eviction(self._link),
             )
             if not check_layout(layout, where):
                 # A new store, or one of an earlier layout: returns once up to date.
                 await upgrade_layout(self._link, self._p, where=where, batch=self.upgrade_batch)
+            # From now on a script Redis does not know means it restarted (the upgrade's own
+            # script is loaded at first use).
+            self._link.on_code_lost = self._code_lost
         except BackendError as exc:
             await self.close()
             message = str(exc)
@@ -201,8 +203,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if self._link is not None:
             await self._link.reconnect(reason)
         await self._reconnect_readers()
-        if self._link is not None:  # (another Redis, maybe with another eviction policy)
-            self.eviction_policy = await warn_if_evicting(self._link, self._where)
+        if self._link is not None:  # (another Redis: maybe another eviction policy)
+            self._on_the_side(self._check_eviction(self._link))  # (the watch goes on meanwhile)
 
     def _slot_moved(self, reply: str) -> bool:
         """A Cluster node answered MOVED: the link reconnects (to the node it names); so do
@@ -210,19 +212,21 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if not self._endpoint.redirected(reply):
             return False
         log.warning("Redis at %s: %s; reconnecting", self._where, reply)
-        task = asyncio.get_running_loop().create_task(self._reconnect_readers())
-        self._moving.add(task)
-        task.add_done_callback(self._moving.discard)
+        self._on_the_side(self._reconnect_readers())
         return True
 
     def _code_lost(self) -> None:
         """Redis no longer knew the scripts: whether it lost the keys too is asked once (the
         scripts that found out at once all call this)."""
         if self._store_check is None or self._store_check.done():
-            task = asyncio.get_running_loop().create_task(self._check_store())
-            self._store_check = task
-            self._moving.add(task)
-            task.add_done_callback(self._moving.discard)
+            self._store_check = self._on_the_side(self._check_store())
+
+    def _on_the_side(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task of its own, which close() cancels."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
 
     async def _check_store(self) -> None:
         try:
@@ -241,7 +245,18 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 self.prefix,
             )
         # A restarted Redis may have come back with another configuration.
-        self.eviction_policy = await warn_if_evicting(link, self._where)
+        await self._check_eviction(link)
+
+    async def _check_eviction(self, link: RedisLink) -> None:
+        eviction = await read_eviction(link, self._where)
+        if eviction is not None and eviction != self._eviction:
+            report_eviction(self._where, eviction)
+            self._eviction = eviction
+
+    @property
+    def eviction_policy(self) -> str | None:
+        """Redis's maxmemory-policy as last read (None: never read; INFO may be denied)."""
+        return None if self._eviction is None else self._eviction.policy
 
     async def _reconnect_readers(self) -> None:
         for reader in (self._wake, self._watcher):
@@ -268,11 +283,11 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
 
     async def close(self) -> None:
         await self._endpoint.close()  # (first: no failover starts reconnecting what closes)
-        moving = list(self._moving)
-        for task in moving:
+        side_tasks = list(self._side_tasks)
+        for task in side_tasks:
             task.cancel()
-        if moving:
-            await asyncio.wait(moving, timeout=2.0)
+        if side_tasks:
+            await asyncio.wait(side_tasks, timeout=2.0)
         link, self._link = self._link, None
         wake, self._wake = self._wake, None
         if wake is not None:

@@ -11,6 +11,7 @@ owner's to change, and with memory to spare nothing is evicted).
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 from ..errors import BackendError
 from .redis_link import RedisLink
@@ -44,9 +45,17 @@ def eviction_risk(policy: str) -> str | None:
     return AT_RISK_ANY
 
 
-async def warn_if_evicting(link: RedisLink, where: str) -> str | None:
-    """Log a warning if the Redis behind ``link`` may evict keys; return its policy (None if
-    Redis did not say: INFO may be denied, as by an ACL)."""
+class Eviction(NamedTuple):
+    """What Redis says of eviction: its policy, and whether a maxmemory is set (without one
+    nothing is evicted, whatever the policy)."""
+
+    policy: str
+    limited: bool
+
+
+async def read_eviction(link: RedisLink, where: str) -> Eviction | None:
+    """The eviction settings of the Redis behind ``link``, or None if it did not say (INFO may
+    be denied, as by an ACL)."""
     try:
         reply = await link.call("INFO", "memory", read_only=True)
     except BackendError as exc:
@@ -54,17 +63,25 @@ async def warn_if_evicting(link: RedisLink, where: str) -> str | None:
         return None
     info = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
     policy = info_field(info, "maxmemory_policy")
-    risk = None if policy is None else eviction_risk(policy)
-    if risk is not None and info_field(info, "maxmemory") in ("0", None):
-        # No limit: nothing is evicted, whatever the policy (until a maxmemory is set).
-        log.info("Redis at %s: maxmemory-policy %s, but no maxmemory set", where, policy)
-    elif risk is not None:
-        log.warning(
-            "Redis at %s has maxmemory-policy %s: once it reaches maxmemory it deletes keys, "
-            "and may delete %s. Set maxmemory-policy noeviction (a full Redis then refuses "
-            "writes, and the backend reports them as errors: nothing is lost silently).",
-            where,
-            policy,
-            risk,
-        )
-    return policy
+    if policy is None:
+        return None
+    return Eviction(policy, info_field(info, "maxmemory") not in ("0", None))
+
+
+def report_eviction(where: str, eviction: Eviction) -> None:
+    """Log a warning if ``eviction`` may evict the backend's keys (at INFO a policy that would,
+    but has no maxmemory to reach)."""
+    risk = eviction_risk(eviction.policy)
+    if risk is None:
+        return
+    if not eviction.limited:
+        log.info("Redis at %s: maxmemory-policy %s, but no maxmemory set", where, eviction.policy)
+        return
+    log.warning(
+        "Redis at %s has maxmemory-policy %s: once it reaches maxmemory it deletes keys, "
+        "and may delete %s. Set maxmemory-policy noeviction (a full Redis then refuses "
+        "writes, and the backend reports them as errors: nothing is lost silently).",
+        where,
+        eviction.policy,
+        risk,
+    )

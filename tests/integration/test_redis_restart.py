@@ -77,34 +77,48 @@ async def test_a_restart_that_lost_the_keys_is_reported_once_and_the_store_goes_
         assert layout == str(LAYOUT_VERSION).encode()
 
 
-async def test_a_redis_that_restarts_with_an_evicting_policy_is_warned_about(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+async def test_the_eviction_policy_is_read_again_after_a_restart_and_reported_when_it_changed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, functions: bool
 ) -> None:
     require_redis_backend()
-    server = RedisServer(tmp_path / "redis", appendonly=False)
+    evicting = ("--maxmemory", "1gb", "--maxmemory-policy")
+    server = RedisServer(tmp_path / "redis", appendonly=False, config=(*evicting, "volatile-lru"))
     try:
         server.start()
-        bb = noop_app(server.url("rp"))
+        bb = noop_app(server.url("rp"), functions=functions)
         caplog.set_level(logging.INFO, logger="backburner.redis")
         async with bb:
             backend = bb.backend
             assert isinstance(backend, RedisBackend)
-            assert backend.eviction_policy == "noeviction"
+            assert backend.eviction_policy == "volatile-lru"
+            # Restarted as it was: each script finds its code gone; none reports the policy.
             server.kill()
-            server.config += ("--maxmemory", "1gb", "--maxmemory-policy", "volatile-lru")
+            server.start()
+            job, _ = await enqueue_retrying(bb, "noop", {})
+            await bb.cancel(job.task_id)
+            await bb.enqueue("noop")
+            await eventually(lambda: len(_reports(caplog)) == 1, message="the first loss")
+            # Restarted with another policy: that is reported.
+            server.kill()
+            server.config = (*evicting, "allkeys-lru")
             server.start()
             await enqueue_retrying(bb, "noop", {})
             await eventually(
-                lambda: backend.eviction_policy == "volatile-lru",
+                lambda: backend.eviction_policy == "allkeys-lru",
                 message="the restarted Redis's policy read",
             )
-        warned = [
+        policies = [
             r.getMessage()
             for r in caplog.records
-            if r.name == "backburner.redis" and r.levelno == logging.WARNING
+            if r.name == "backburner.redis"
+            and r.levelno == logging.WARNING
+            and "maxmemory-policy" in r.getMessage()
         ]
-        (policy,) = [w for w in warned if "maxmemory-policy" in w]  # the restarted one's
-        assert "maxmemory-policy volatile-lru" in policy
-        assert "finished jobs with their results" in policy
+        assert len(policies) == 2, policies
+        assert "maxmemory-policy volatile-lru" in policies[0]
+        assert "finished jobs with their results" in policies[0]
+        assert "maxmemory-policy allkeys-lru" in policies[1]
+        assert "queued and running ones included" in policies[1]
     finally:
         server.stop()
