@@ -97,10 +97,11 @@ class RedisEndpoint:
                 key: value for key, value in options.items() if key.startswith("socket_")
             }
             sentinel_options.update(
-                socket_timeout=SENTINEL_TIMEOUT_S, socket_connect_timeout=SENTINEL_TIMEOUT_S
-            )
-            sentinel_options.update(
-                username=address.sentinel_username, password=address.sentinel_password, **tls
+                socket_timeout=SENTINEL_TIMEOUT_S,
+                socket_connect_timeout=SENTINEL_TIMEOUT_S,
+                username=address.sentinel_username,
+                password=address.sentinel_password,
+                **tls,
             )
             self._manager = Sentinel(address.sentinels, sentinel_kwargs=sentinel_options)
         return SentinelConnectionPool(  # type: ignore[no-untyped-call]
