@@ -53,7 +53,7 @@ from .redis_codec import (
     priority_code,
 )
 from .redis_endpoint import RedisEndpoint
-from .redis_eviction import Eviction, read_eviction, report_eviction
+from .redis_eviction import EVICTION_RECHECK_S, EvictionWatch
 from .redis_link import RedisLink
 from .redis_outcomes import finished_job, outcome_args, webhook_event
 from .redis_reads import RedisReads, text
@@ -84,6 +84,10 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
 
     upgrade_batch = UPGRADE_BATCH
     """Jobs per script when connect() upgrades a store of an earlier key layout."""
+
+    eviction_recheck_s = EVICTION_RECHECK_S
+    """How often a connected backend reads Redis's eviction policy again (a managed Redis's
+    parameters may change while it runs)."""
 
     def __init__(
         self,
@@ -134,12 +138,10 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._watcher: StreamWatcher | None = None
         self._connect_lock: asyncio.Lock | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
-        """Reconnections after a Cluster's MOVED, checks of the store after a restart and of
-        the eviction policy after a failover: cancelled by close()."""
+        """Reconnections after a Cluster's MOVED, checks of the store after a restart, and
+        the eviction policy's re-reads: cancelled by close()."""
         self._store_check: asyncio.Task[None] | None = None
-        self._eviction: Eviction | None = None
-        """Redis's eviction settings as last read: at connect, and again after a failover or a
-        restart; reported (redis_eviction) when read, if they differ from the last read."""
+        self._eviction = EvictionWatch(self._where)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -174,7 +176,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             layout, _, _ = await asyncio.gather(
                 self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
                 self._load_code(self._link),
-                self._check_eviction(self._link),
+                self._eviction.check(self._link),
             )
             if not check_layout(layout, where):
                 # A new store, or one of an earlier layout: returns once up to date.
@@ -196,6 +198,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._wake = WakeChannel(self._blocking_pool, self._p + "wake", where=self._where)
         self._watcher = StreamWatcher(self._blocking_pool, self._link, self._p, where=self._where)
         self._endpoint.watch_failovers(self._primary_moved)
+        self._on_the_side(self._eviction.every(self.eviction_recheck_s, lambda: self._link))
 
     async def _primary_moved(self, reason: str) -> None:
         """A failover: every connection is dropped, so each opens again on the new primary."""
@@ -204,7 +207,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             await self._link.reconnect(reason)
         await self._reconnect_readers()
         if self._link is not None:  # (another Redis: maybe another eviction policy)
-            self._on_the_side(self._check_eviction(self._link))  # (the watch goes on meanwhile)
+            self._on_the_side(self._eviction.check(self._link))  # (the watch goes on meanwhile)
 
     def _slot_moved(self, reply: str) -> bool:
         """A Cluster node answered MOVED: the link reconnects (to the node it names); so do
@@ -245,18 +248,12 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 self.prefix,
             )
         # A restarted Redis may have come back with another configuration.
-        await self._check_eviction(link)
-
-    async def _check_eviction(self, link: RedisLink) -> None:
-        eviction = await read_eviction(link, self._where)
-        if eviction is not None and eviction != self._eviction:
-            report_eviction(self._where, eviction)
-            self._eviction = eviction
+        await self._eviction.check(link)
 
     @property
     def eviction_policy(self) -> str | None:
         """Redis's maxmemory-policy as last read (None: never read; INFO may be denied)."""
-        return None if self._eviction is None else self._eviction.policy
+        return self._eviction.policy
 
     async def _reconnect_readers(self) -> None:
         for reader in (self._wake, self._watcher):

@@ -1,5 +1,6 @@
-"""Whether the Redis may evict the backend's keys, read as a backend connects, and again once it
-is on another Redis (a Sentinel failover, a restart that lost the backend's code).
+"""Whether the Redis may evict the backend's keys, read as a backend connects, every ten minutes
+after, and again once it is on another Redis (a Sentinel failover, a restart that lost the
+backend's code).
 
 Redis under ``maxmemory`` with any ``maxmemory-policy`` but ``noeviction`` deletes keys to make
 room, silently: a job whose keys go is neither run nor reported, which the rest of the backend
@@ -10,7 +11,9 @@ owner's to change, and with memory to spare nothing is evicted).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ..errors import BackendError
@@ -19,6 +22,11 @@ from .redis_link import RedisLink
 log = logging.getLogger("backburner.redis")
 
 SAFE_POLICY = "noeviction"
+
+EVICTION_RECHECK_S = 600.0
+"""How often a backend reads the policy again while connected: a managed Redis applies a
+change of its parameters without a restart. A read that finds what the last one found logs
+nothing."""
 
 AT_RISK_WITH_TTL = (
     "finished jobs with their results and event logs, webhooks still to be delivered, "
@@ -85,3 +93,33 @@ def report_eviction(where: str, eviction: Eviction) -> None:
         eviction.policy,
         risk,
     )
+
+
+class EvictionWatch:
+    """A backend's eviction settings as last read, reported when a read finds them changed (at
+    its first read: changed from nothing)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.last: Eviction | None = None
+
+    @property
+    def policy(self) -> str | None:
+        """The maxmemory-policy as last read (None: never read; INFO may be denied)."""
+        return None if self.last is None else self.last.policy
+
+    async def check(self, link: RedisLink) -> None:
+        """Read the settings; report them if they changed (a failed read keeps the last)."""
+        eviction = await read_eviction(link, self.where)
+        if eviction is not None and eviction != self.last:
+            report_eviction(self.where, eviction)
+            self.last = eviction
+
+    async def every(self, seconds: float, link: Callable[[], RedisLink | None]) -> None:
+        """Check every ``seconds`` while ``link()`` gives a link (until cancelled)."""
+        while True:
+            await asyncio.sleep(seconds)
+            current = link()
+            if current is None:
+                return
+            await self.check(current)

@@ -1,5 +1,6 @@
-"""A Redis that may evict keys is warned about at connect. One that is full (noeviction, past
-maxmemory) refuses an enqueue whole, as a BackendError, and still serves reads and deletes."""
+"""A Redis that may evict keys is warned about at connect, and when it is set to while a backend
+is connected. One that is full (noeviction, past maxmemory) refuses an enqueue whole, as a
+BackendError, and still serves reads and deletes."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import pytest
 from redis import Redis
 
 from backburner import Backburner, JobContext, JobStatus
-from backburner.backends import backend_from_url
+from backburner.backends import backend_from_url, redis_eviction
 from backburner.backends.base import Complete
 from backburner.backends.redis import RedisBackend
+from backburner.backends.redis_link import RedisLink
 from backburner.errors import BackendError, JobNotFoundError
 
 from ..chaos.support import RedisServer
+from ..helpers import eventually
 from .conftest import noop_app
 
 
@@ -76,6 +79,41 @@ async def test_without_maxmemory_nothing_is_evicted_and_nothing_is_warned(
     assert backend.eviction_policy == "allkeys-lru"
     assert _warnings(caplog) == []
     assert any("but no maxmemory set" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_change_made_while_connected_is_reported_once_by_the_next_reads(
+    own_redis: RedisServer,
+    own_admin: Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = 0
+    read = redis_eviction.read_eviction
+
+    async def counted(link: RedisLink, where: str) -> redis_eviction.Eviction | None:
+        nonlocal reads
+        reads += 1
+        return await read(link, where)
+
+    monkeypatch.setattr(redis_eviction, "read_eviction", counted)
+    own_admin.config_set("maxmemory-policy", "allkeys-lru")  # (no maxmemory yet: no eviction)
+    backend = backend_from_url(own_redis.url("ev"))
+    assert isinstance(backend, RedisBackend)
+    backend.eviction_recheck_s = 0.02
+    with caplog.at_level(logging.INFO, logger="backburner.redis"):
+        await backend.connect()
+        try:
+            assert _warnings(caplog) == []
+            # As a managed Redis applies a change of its parameters: no restart.
+            own_admin.config_set("maxmemory", "1gb")
+            await eventually(lambda: _warnings(caplog) != [], message="the change reported")
+            seen = reads
+            await eventually(lambda: reads >= seen + 3, message="three more reads")
+        finally:
+            await backend.close()
+    (warned,) = _warnings(caplog)
+    assert "maxmemory-policy allkeys-lru" in warned
+    assert "queued and running ones included" in warned
 
 
 async def test_a_user_who_may_not_read_info_connects_without_a_warning(
