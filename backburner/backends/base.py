@@ -87,11 +87,11 @@ def check_slot_args(
 
 
 DEFAULT_TENANT = "default"
+"""The tenant of jobs submitted without one: library calls and the keyless API."""
 
 WORKER_RETENTION_S = 3600.0
 """How long a worker's record (stats) outlives its last heartbeat: purge_expired forgets it
 after, so the records of workers that come and go (restarts, autoscaling) do not pile up."""
-"""The tenant of jobs submitted without one: library calls and the keyless API."""
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 """What a tenant name looks like (it appears in keys, logs and label values)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -145,7 +146,9 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     nodes = tuple(_address(text, what, REDIS_PORT) for text in hosts_text.split(","))
     if parts.path not in ("", "/", "/0"):
         raise ConfigurationError(f"{what}: a Cluster has one database, 0 (the path is /0 or none)")
-    options, username, password, tls = _access(parts, credentials, CLUSTER_OPTIONS, what)
+    options, username, password, tls = _access(
+        parts, credentials, CLUSTER_OPTIONS, CLUSTER_SCHEMES, what
+    )
     return ClusterAddress(
         nodes=nodes,
         username=username,
@@ -165,19 +168,22 @@ def _options(query: str, known: frozenset[str], what: str) -> dict[str, str]:
             f"{what}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
     if len(options) < len(pairs):
-        twice = sorted({name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1})
+        twice = sorted(name for name, count in Counter(n for n, _ in pairs).items() if count > 1)
         raise ConfigurationError(f"{what}: option(s) given more than once: {', '.join(twice)}")
     return options
 
 
 def _access(
-    parts: SplitResult, credentials: str, known: frozenset[str], what: str
+    parts: SplitResult,
+    credentials: str,
+    known: frozenset[str],
+    schemes: dict[str, bool],
+    what: str,
 ) -> tuple[dict[str, str], str | None, str | None, bool]:
     """A Sentinel or Cluster URL's options (checked), user name, password and whether it
-    speaks TLS."""
+    speaks TLS (``schemes``: its kind's, each with whether it does)."""
     options = _options(parts.query, known, what)
     username, password = _credentials(credentials)
-    schemes = SENTINEL_SCHEMES if parts.scheme.lower() in SENTINEL_SCHEMES else CLUSTER_SCHEMES
     tls = schemes[parts.scheme.lower()]
     _check_tls(options, tls, what, next(s for s, secure in schemes.items() if secure))
     return options, username, password, tls
@@ -289,7 +295,9 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
                 f"invalid Sentinel URL {shown!r}: the database {names[1]!r} is not a number"
             )
         db = int(names[1])
-    options, username, password, tls = _access(parts, credentials, SENTINEL_OPTIONS, what)
+    options, username, password, tls = _access(
+        parts, credentials, SENTINEL_OPTIONS, SENTINEL_SCHEMES, what
+    )
     return SentinelAddress(
         sentinels=sentinels,
         service=names[0],
