@@ -15,7 +15,8 @@ Run (Redis on 127.0.0.1:6379; only db 8 is used, and FLUSHDB'd before every run)
 
 Scenarios (every worker in its own process; the producer is this process):
   a  enqueue   10,000 no-op enqueues from one producer, per producer mode (an asyncio producer:
-               sequential, 64 and 1,000 in flight; 1,000 as rq's enqueue_many pipelines)
+               sequential on asyncio's loop and on uvloop's, 64 and 1,000 in flight; 1,000 as
+               rq's enqueue_many pipelines)
   b  drain     10,000 queued no-op jobs, one worker process: first start to last completion
   c  pickup    an idle worker; one job at a time, 200 times: job start - enqueue (p50/p99)
   d  sleepers  1,000 and 10,000 jobs that sleep 2 s, one worker process: wall and peak RSS
@@ -340,7 +341,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "Cells: median (min..max) over "
         f"{meta['runs']} run(s); the machine was shared, so expect noise. Each peer runs at "
         "the settings in its mode column; the producer is one asyncio or one blocking client "
-        "in the benchmark process, each worker its own process.",
+        "in the benchmark process (an asyncio one on asyncio's own event loop, and also on "
+        "uvloop's for the one-at-a-time enqueue), each worker its own process.",
         "",
         "Every job, whatever the queue, reports through one probe (`bench/peers/probe.py`): "
         "a per-process tally flushed to Redis every 10 ms, so a job costs no Redis round trip. "

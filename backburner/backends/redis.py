@@ -42,7 +42,13 @@ from .base import (
 )
 from .outbox import new_msg_id
 from .redis_batch import ScriptBatcher
-from .redis_catalog import BATCHED, SAFE_TO_REPEAT, lacks_functions, load_scripts
+from .redis_catalog import (
+    BATCHED,
+    SAFE_TO_REPEAT,
+    hand_off_commands,
+    lacks_functions,
+    load_scripts,
+)
 from .redis_codec import (
     NextClaimTexts,
     decode_job,
@@ -168,6 +174,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             where=self._where,
             replicas=self.replicas,
             replica_timeout_ms=self.replica_timeout_ms,
+            hands_off=hand_off_commands(self._scripts),
         )
         self._link.on_moved = self._slot_moved
         self._link.start()

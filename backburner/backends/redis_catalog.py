@@ -88,6 +88,17 @@ def load_scripts() -> tuple[Library, dict[str, Script]]:
     return library, scripts
 
 
+def hand_off_commands(scripts: dict[str, Script]) -> frozenset[str]:
+    """How an enqueue is called (its function names and SHA1s, alone and in a batch): the
+    script that may hand its job to an idle worker at once (redis_pipe.HAND_OFF_LEAD)."""
+    names: set[str] = set()
+    for script in (scripts["enqueue"], scripts["enqueue" + BATCH_SUFFIX]):
+        names.add(script.sha)
+        if script.function is not None:
+            names.add(script.function)
+    return frozenset(names)
+
+
 def lacks_functions(error: BackendError) -> bool:
     """Whether FUNCTION LOAD failed for want of Redis Functions (Redis < 7, or an ACL or a
     managed Redis that does not allow them): the scripts then go as EVALSHA."""

@@ -153,7 +153,7 @@ class _Lane:
         else:
             raise BackendConnectionError(f"Redis at {link.where}: the primary is moving")
         timeout = link.reply_timeout_s + self._extra_reply_s
-        self.pipe = Pipe(connection, link.where, timeout, link.refused)
+        self.pipe = Pipe(connection, link.where, timeout, link.refused, link.hands_off)
         return self.pipe
 
     async def close(self) -> None:
@@ -194,9 +194,12 @@ class RedisLink:
         reply_timeout_s: float = REPLY_TIMEOUT_S,
         replicas: int = 0,
         replica_timeout_ms: int = 1000,
+        hands_off: frozenset[str] = frozenset(),
     ) -> None:
         """``replicas``: how many replicas must confirm a ``replicated`` call's write before
-        it is answered (``WAIT``), within ``replica_timeout_ms``."""
+        it is answered (``WAIT``), within ``replica_timeout_ms``. ``hands_off``: the scripts
+        (function names and SHA1s) that may hand a job to an idle worker; each pipe sends them
+        behind a PING when alone (redis_pipe.HAND_OFF_LEAD)."""
         self.pool = pool
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
@@ -210,6 +213,7 @@ class RedisLink:
         self.on_moved: Callable[[str], bool] | None = None
         """Told of each refusal before the connections are retired (refused); returns
         whether it was a Cluster's MOVED, after which new connections go where it says."""
+        self.hands_off = hands_off
         self.on_code_lost: Callable[[], None] | None = None
         """Told each time Redis did not know a script and it was loaded again: Redis restarted
         (or its scripts were flushed), and may have lost its keys too."""

@@ -17,6 +17,7 @@ from backburner import Backburner, JobContext
 from backburner.backends import redis_waiting
 from backburner.backends.base import Complete, NextClaim, Release
 from backburner.backends.redis import RedisBackend
+from backburner.backends.redis_catalog import hand_off_commands
 from backburner.models import JobStatus
 
 from ..conformance._support import T0, enqueue
@@ -309,3 +310,18 @@ async def test_a_worker_with_no_free_slot_hands_a_handed_job_back() -> None:
             assert done.status == JobStatus.COMPLETED
     finally:
         release.set()
+
+
+async def test_a_lone_enqueue_goes_behind_a_ping(engine: RedisBackend, client: Redis) -> None:
+    """So that Redis writes the job it hands to an idle worker before the producer's reply
+    (redis_pipe.HAND_OFF_LEAD; test_redis_write_order shows why that works)."""
+    enqueues = hand_off_commands(engine._scripts)
+    async with client.monitor() as monitor:
+        await enqueue(engine, now=T0 + 1)
+        sent: list[tuple[str, list[str]]] = []  # (client port, words): not a script's own
+        while not sent or sent[-1][1][1:2] == [] or sent[-1][1][1] not in enqueues:
+            command = await asyncio.wait_for(monitor.next_command(), 5)
+            if command["client_type"] != "lua":
+                sent.append((command["client_port"], command["command"].split()))
+    port, script_call = sent[-1]
+    assert [words for p, words in sent if p == port][-2:] == [["PING"], script_call]

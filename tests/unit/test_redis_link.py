@@ -39,10 +39,12 @@ async def linked(url: str, **options: Any) -> AsyncIterator[RedisLink]:
 
 
 class ScriptedServer(LoopbackServer):
-    """Answers every command with +OK, until told to stay silent or to hang up on the next."""
+    """Answers every command with +OK (or its name, with ``echo_names``), until told to stay
+    silent or to hang up on the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, echo_names: bool = False) -> None:
         super().__init__()
+        self.echo_names = echo_names
         self.silent = False
         self.hang_up_on: bytes | None = None
         self.received: list[list[bytes]] = []
@@ -61,7 +63,7 @@ class ScriptedServer(LoopbackServer):
                         writer.close()
                         return
                     if not self.silent:
-                        writer.write(b"+OK\r\n")
+                        writer.write(b"+%s\r\n" % (command[0] if self.echo_names else b"OK"))
         except ConnectionError:
             pass
         finally:
@@ -177,3 +179,58 @@ async def test_closing_a_reader_still_connecting_returns_at_once() -> None:
         finally:
             reader.cancel()
             await pool.disconnect()
+
+
+HAND_OFF = frozenset({"lib_enqueue", "0123abcd"})
+
+
+async def test_a_lone_hand_off_script_goes_behind_a_ping_whose_reply_nobody_gets() -> None:
+    async with (
+        ScriptedServer(echo_names=True) as server,
+        linked(server.url, connections=1, hands_off=HAND_OFF) as link,
+    ):
+        await link.call("GET", "open", read_only=True)
+        server.received.clear()
+        assert await link.call("FCALL", "lib_enqueue", 0) == b"FCALL"
+        assert await link.call("EVALSHA", "0123abcd", 0) == b"EVALSHA"
+        assert await link.call("FCALL", "lib_finish", 0) == b"FCALL"
+        assert await link.call("GET", "k", read_only=True) == b"GET"
+        assert [c[:2] for c in server.received] == [
+            [b"PING"],
+            [b"FCALL", b"lib_enqueue"],
+            [b"PING"],
+            [b"EVALSHA", b"0123abcd"],
+            [b"FCALL", b"lib_finish"],
+            [b"GET", b"k"],
+        ]
+        assert link._lanes[0].load() == 0  # the PONGs were taken off too
+
+
+async def test_a_hand_off_script_behind_commands_in_flight_goes_without_a_ping() -> None:
+    """Only a lone one is led: behind others in flight it is not the latency-bound case."""
+    async with (
+        ScriptedServer(echo_names=True) as server,
+        linked(server.url, connections=1, hands_off=HAND_OFF) as link,
+    ):
+        await link.call("GET", "open", read_only=True)
+        server.received.clear()
+        replies = await asyncio.gather(
+            link.call("FCALL", "lib_enqueue", 0),
+            link.call("FCALL", "lib_enqueue", 0),
+            link.call("ECHO", "x", read_only=True),
+        )
+        assert replies == [b"FCALL", b"FCALL", b"ECHO"]
+        assert [c[0] for c in server.received] == [b"PING", b"FCALL", b"FCALL", b"ECHO"]
+
+
+async def test_a_hang_up_before_the_lead_is_answered_fails_the_script_alone() -> None:
+    async with (
+        ScriptedServer(echo_names=True) as server,
+        linked(server.url, connections=1, hands_off=HAND_OFF) as link,
+    ):
+        await link.call("GET", "open", read_only=True)
+        server.hang_up_on = b"PING"
+        with pytest.raises(BackendConnectionError):
+            await link.call("FCALL", "lib_enqueue", 0)
+        assert await link.call("GET", "k", read_only=True) == b"GET"  # on a new connection
+        assert server.connections == 2
