@@ -223,6 +223,8 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             return False
         log.warning("Redis at %s: %s; reconnecting", self._where, reply)
         self._on_the_side(self._reconnect_readers())
+        if self._link is not None:  # (another node: maybe another eviction policy)
+            self._on_the_side(self._eviction.check(self._link))
         return True
 
     def _code_lost(self) -> None:

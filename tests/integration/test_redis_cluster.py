@@ -18,6 +18,7 @@ import pytest
 from redis import Redis
 
 from backburner import Backburner, JobContext, JobStatus
+from backburner.backends.redis import RedisBackend
 from backburner.errors import BackendError
 
 from ..chaos.support import RedisServer, ps_leftovers, require_redis_backend
@@ -227,6 +228,11 @@ async def test_a_cluster_backend_follows_its_slot_to_a_new_primary(cluster: Clus
         before = await bb.enqueue("double", {"n": 1})
         await until(_completed(bb, before.task_id), "the first job completed")
         assert ours(old.port)  # the link's, the wake-up subscription's
+        backend = bb.backend
+        assert isinstance(backend, RedisBackend) and backend.eviction_policy == "noeviction"
+        with Redis(port=new.port) as replica:  # the new primary may evict: read after the move
+            replica.config_set("maxmemory", "1gb")
+            replica.config_set("maxmemory-policy", "allkeys-lru")
         producing = asyncio.create_task(producer())
         await until(lambda: len(enqueued) >= 50, "enqueues under way")
         # A manual failover (an operator's, or a managed Redis's maintenance): the replica
@@ -243,6 +249,7 @@ async def test_a_cluster_backend_follows_its_slot_to_a_new_primary(cluster: Clus
             await until(_completed(bb, task_id), "a job enqueued around the failover")
         idle = await bb.enqueue("double", {"n": 3})  # for a worker waiting, on the new node
         await until(_completed(bb, idle.task_id), "a job for the waiting worker")
+        await until(lambda: backend.eviction_policy == "allkeys-lru", "the new node's policy")
 
     jobs = await _read(cluster.url(old), before.task_id, idle.task_id, *enqueued)
     assert all(job.status is JobStatus.COMPLETED for job in jobs)
