@@ -316,11 +316,11 @@ async def test_a_lone_enqueue_goes_behind_a_ping(engine: RedisBackend, client: R
     """So that Redis writes the job it hands to an idle worker before the producer's reply
     (redis_pipe.HAND_OFF_LEAD; test_redis_write_order shows why that works)."""
     enqueues = hand_off_commands(engine._scripts)
-    async with client.monitor() as monitor:
+    async with client.monitor() as monitor, asyncio.timeout(10):
         await enqueue(engine, now=T0 + 1)
         sent: list[tuple[str, list[str]]] = []  # (client port, words): not a script's own
         while not sent or sent[-1][1][1:2] == [] or sent[-1][1][1] not in enqueues:
-            command = await asyncio.wait_for(monitor.next_command(), 5)
+            command = await monitor.next_command()
             if command["client_type"] != "lua":
                 sent.append((command["client_port"], command["command"].split()))
     port, script_call = sent[-1]
