@@ -235,7 +235,10 @@ def versions(peers: dict[str, Peer]) -> dict[str, str]:
 def run(
     names: list[str], scenarios: list[str], runs: int, sizes: Sizes
 ) -> tuple[Bench, dict[str, Peer]]:
-    """Run every scenario of every peer ``runs`` times (peers interleaved, run by run)."""
+    """Run every scenario of every peer ``runs`` times. In a run, each scenario goes through
+    the peers one after the other, so that their figures are minutes apart, not the length of
+    a run (this machine's speed drifts by a third over tens of minutes); each run starts with
+    the next peer, so that none is always first."""
     bench = Bench(sizes)
     peers: dict[str, Peer] = {}
     for name in names:
@@ -246,10 +249,13 @@ def run(
                 bench.row(scenario, name, "-").not_applicable = f"not run: {loaded}"
         else:
             peers[name] = loaded
+    order = list(peers.values())
     for index in range(runs):
         print(f"run {index + 1}/{runs}", flush=True)
-        for peer in peers.values():
-            bench.run_peer(peer, scenarios)
+        for scenario in scenarios:
+            for peer in order:
+                bench.run_peer(peer, [scenario])
+        order = order[1:] + order[:1]
     return bench, peers
 
 
