@@ -40,10 +40,10 @@ of an event-loop turn to the last client given one first (its clients_pending_wr
 pushed at the head); a script's reply is given after its PUBLISH, so the producer heard before
 the worker, which then waited for a core behind the producer's wake-up. With this PING answered
 first the producer is already pending when the script publishes: the worker is written first.
-(So while Redis writes from its main thread, io-threads 1, its default, and reads the two in
-one read.)
-An idle worker's pickup p50 went from 1.0-1.4 to 0.8-1.1 ms (bench/peers.py, scenario c, two
-series of 3 alternating pairs); a producer whose job is handed off hears about 0.07 ms later."""
+That holds while Redis writes from its main thread (io-threads 1, its default) and reads the
+two in one read. An idle worker's pickup p50 went from 1.0-1.4 to 0.8-1.1 ms (bench/peers.py,
+scenario c, two series of 3 alternating pairs); a producer whose job is handed off hears about
+0.07 ms later."""
 
 FUNCTION_NOT_FOUND = "ERR Function not found"
 """Redis's reply to FCALL of a function it has not loaded (restarted empty, FUNCTION FLUSH)."""
