@@ -184,13 +184,21 @@ async def test_closing_a_reader_still_connecting_returns_at_once() -> None:
 HAND_OFF = frozenset({"lib_enqueue", "0123abcd"})
 
 
-async def test_a_lone_hand_off_script_goes_behind_a_ping_whose_reply_nobody_gets() -> None:
+@contextlib.asynccontextmanager
+async def hand_off_link() -> AsyncIterator[tuple[ScriptedServer, RedisLink]]:
+    """A one-connection link to a server echoing command names, its connection open and what
+    the server received so far forgotten."""
     async with (
         ScriptedServer(echo_names=True) as server,
         linked(server.url, connections=1, hands_off=HAND_OFF) as link,
     ):
         await link.call("GET", "open", read_only=True)
         server.received.clear()
+        yield server, link
+
+
+async def test_a_lone_hand_off_script_goes_behind_a_ping_whose_reply_nobody_gets() -> None:
+    async with hand_off_link() as (server, link):
         assert await link.call("FCALL", "lib_enqueue", 0) == b"FCALL"
         assert await link.call("EVALSHA", "0123abcd", 0) == b"EVALSHA"
         assert await link.call("FCALL", "lib_finish", 0) == b"FCALL"
@@ -208,12 +216,7 @@ async def test_a_lone_hand_off_script_goes_behind_a_ping_whose_reply_nobody_gets
 
 async def test_a_hand_off_script_behind_commands_in_flight_goes_without_a_ping() -> None:
     """Only a lone one is led: behind others in flight it is not the latency-bound case."""
-    async with (
-        ScriptedServer(echo_names=True) as server,
-        linked(server.url, connections=1, hands_off=HAND_OFF) as link,
-    ):
-        await link.call("GET", "open", read_only=True)
-        server.received.clear()
+    async with hand_off_link() as (server, link):
         replies = await asyncio.gather(
             link.call("FCALL", "lib_enqueue", 0),
             link.call("FCALL", "lib_enqueue", 0),
@@ -224,11 +227,7 @@ async def test_a_hand_off_script_behind_commands_in_flight_goes_without_a_ping()
 
 
 async def test_a_hang_up_before_the_lead_is_answered_fails_the_script_alone() -> None:
-    async with (
-        ScriptedServer(echo_names=True) as server,
-        linked(server.url, connections=1, hands_off=HAND_OFF) as link,
-    ):
-        await link.call("GET", "open", read_only=True)
+    async with hand_off_link() as (server, link):
         server.hang_up_on = b"PING"
         with pytest.raises(BackendConnectionError):
             await link.call("FCALL", "lib_enqueue", 0)
