@@ -213,8 +213,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if self._link is not None:
             await self._link.reconnect(reason)
         await self._reconnect_readers()
-        if self._link is not None:  # (another Redis: maybe another eviction policy)
-            self._on_the_side(self._eviction.check(self._link))  # (the watch goes on meanwhile)
+        self._recheck_eviction()
 
     def _slot_moved(self, reply: str) -> bool:
         """A Cluster node answered MOVED: the link reconnects (to the node it names); so do
@@ -223,9 +222,14 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             return False
         log.warning("Redis at %s: %s; reconnecting", self._where, reply)
         self._on_the_side(self._reconnect_readers())
-        if self._link is not None:  # (another node: maybe another eviction policy)
-            self._on_the_side(self._eviction.check(self._link))
+        self._recheck_eviction()
         return True
+
+    def _recheck_eviction(self) -> None:
+        """Another Redis (a failover, a moved slot) may have another eviction policy: read it,
+        on the side (the Sentinel watch or the reply being handled goes on meanwhile)."""
+        if self._link is not None:
+            self._on_the_side(self._eviction.check(self._link))
 
     def _code_lost(self) -> None:
         """Redis no longer knew the scripts: whether it lost the keys too is asked once (the

@@ -1,6 +1,6 @@
 """Whether the Redis may evict the backend's keys, read as a backend connects, every ten minutes
-after, and again once it is on another Redis (a Sentinel failover, a restart that lost the
-backend's code).
+after, and again once it is on another Redis (a Sentinel failover, a Cluster's MOVED, a
+restart that lost the backend's code).
 
 Redis under ``maxmemory`` with any ``maxmemory-policy`` but ``noeviction`` deletes keys to make
 room, silently: a job whose keys go is neither run nor reported, which the rest of the backend
