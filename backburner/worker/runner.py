@@ -334,14 +334,17 @@ class Worker:
         loop sees it free), while it runs its hooks on the side. Once hooks run beside as many
         jobs as the worker runs, it keeps its slot until its hooks end: slow hooks slow the
         worker down rather than pile up."""
-        if (
+        frees = (
             len(self._finishing) < self.concurrency
             and self.running.pop(attempt.key, None) is not None
-        ):
-            if attempt.task is not None:
-                self._finishing.add(attempt.task)
+        )
+        if frees:
             self._slot_freed.set()
+        # What takes its slot starts before it joins the attempts running hooks: its slot is
+        # handed over, not added to, so it must not count against its successor's refill.
         self._take_claimed(attempt.refilled)
+        if frees and attempt.task is not None:
+            self._finishing.add(attempt.task)
 
     def _take_claimed(self, refill: NextClaim | None) -> None:
         """Start (or hand back) what a finish claimed for us, once."""

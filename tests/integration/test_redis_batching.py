@@ -179,6 +179,52 @@ async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:
         assert sum(claims) <= 8, claims
 
 
+async def test_finishes_stored_in_one_turn_all_hand_their_slots_a_refill() -> None:
+    app = redis_app()
+    releases = [asyncio.Event(), asyncio.Event()]
+
+    @app.task(max_attempts=1)
+    async def job(ctx: JobContext, n: int) -> int:
+        if n >= 4:
+            await releases[n // 4 - 1].wait()
+        return n * 2
+
+    # The first 4 finishes get their replies in one loop turn, as one batch's do: each frees
+    # its slot and starts its refilled job before any of their tasks' done callbacks run.
+    finish = app.backend.finish
+    held: list[str] = []
+    all_in = asyncio.Event()
+
+    async def together(*args: Any, **kwargs: Any) -> Job:
+        stored = await finish(*args, **kwargs)
+        if len(held) < 4:
+            held.append(stored.task_id)
+            if len(held) == 4:  # (set in a turn of its own, so that all 4 wait for it)
+                asyncio.get_running_loop().call_soon(all_in.set)
+            await all_in.wait()
+        return stored
+
+    app.backend.finish = together  # type: ignore[method-assign]
+    # 4 quick jobs; 4 that their finishes claim, held until released; 4 more that those
+    # claim with theirs, held too: no job after the first 4 needs a claim of the worker's own.
+    jobs = [await app.enqueue("job", {"n": n}) for n in range(12)]
+    claims = count_claims(app)
+    async with running_worker(app, concurrency=4) as worker:
+        for generation, release in enumerate(releases):
+            first = 4 * (generation + 1)
+            for _ in range(2000):  # until this generation holds every slot
+                if {a.job.task_id for a in worker.running.values()} == {
+                    j.task_id for j in jobs[first : first + 4]
+                }:
+                    break
+                await asyncio.sleep(0.005)
+            release.set()
+        for n, queued in enumerate(jobs):
+            done = await app.wait(queued.task_id, timeout=20)
+            assert done.status == JobStatus.COMPLETED and done.result == n * 2
+    assert len(held) == 4 and sum(claims) == 4, claims
+
+
 async def test_a_stopping_worker_claims_nothing_with_its_last_outcomes() -> None:
     app = redis_app()
     started, release = asyncio.Event(), asyncio.Event()
