@@ -38,10 +38,11 @@ class Attempt:
     settled: bool = False
     """True once its outcome is stored, or once nothing may be stored for it any more."""
     refill: NextClaim | None = None
-    """The claim to make with its outcome, for the slot it frees (None: none)."""
-    refilled: NextClaim | None = None
-    """Where the jobs claimed with its outcome arrive: its first ``refill``, kept when a
-    shutdown drops that (what a write in flight claims all the same is handed back)."""
+    """Where the jobs claimed with its outcome arrive (None: its write claimed none)."""
+    refill_for: Callable[[Attempt], NextClaim | None] | None = None
+    """Asked as its outcome is written: the claim that write makes for the slot it frees,
+    or None (the worker's: none while it stops or while hooks hold as many slots as it has).
+    Asked then, not at its start: only then does the worker know whose hooks still run."""
     storing: bool = False
     """True while its outcome is being written: the fenced write decides what becomes of it,
     so only a forced shutdown stops it then."""
@@ -50,6 +51,8 @@ class Attempt:
     starts what the write claimed for it)."""
     timeouts: CoarseTimeouts | None = None
     """The worker's enforcer of long timeouts (None: asyncio.timeout for every timeout)."""
+    on_hooks_ended: Callable[[Attempt], None] | None = None
+    """Called in its task as the hooks for its stored outcome end (or are cut short)."""
     on_ended: Callable[[Attempt], None] | None = None
     """Called once its task is done (the worker's; one bound method for every attempt, where
     a closure per attempt cost a worker holding 10,000 jobs 4 MB)."""
@@ -230,16 +233,22 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
     attempt.settled = True
     if attempt.on_stored is not None:
         attempt.on_stored(attempt)
-    # A child may have ended between a pipeline's look at its children and this write, so its
-    # hook's wake found the pipeline still processing: looking once more closes that gap.
-    if isinstance(outcome, Wait) and not await app.backend.has_open_children(job.task_id):
-        await app.backend.wake(job.task_id, now=app.clock.now())
-    if isinstance(outcome, Complete):
-        await app.hooks.complete(stored_job)
-    elif isinstance(outcome, Fail):
-        await app.hooks.fail(stored_job)
-    elif isinstance(outcome, RetryAt):
-        await app.hooks.retry(stored_job, outcome.error)
+    try:
+        # A child may have ended between a pipeline's look at its children and this write, so
+        # its hook's wake found the pipeline still processing: looking once more closes that.
+        if isinstance(outcome, Wait) and not await app.backend.has_open_children(job.task_id):
+            await app.backend.wake(job.task_id, now=app.clock.now())
+        if isinstance(outcome, Complete):
+            await app.hooks.complete(stored_job)
+        elif isinstance(outcome, Fail):
+            await app.hooks.fail(stored_job)
+        elif isinstance(outcome, RetryAt):
+            await app.hooks.retry(stored_job, outcome.error)
+    finally:
+        # (Before its task's done callback, a loop turn or more later: the worker's count of
+        # hooks running is exact when the next write asks it.)
+        if attempt.on_hooks_ended is not None:
+            attempt.on_hooks_ended(attempt)
 
 
 async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[Outcome, Job] | None:
@@ -261,7 +270,7 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
                 outcome,
                 now=app.clock.now(),
                 claimed=job,
-                then_claim=attempt.refill,
+                then_claim=None if attempt.refill_for is None else attempt.refill_for(attempt),
             )
             break
         except LeaseLostError:

@@ -65,6 +65,8 @@ class Worker:
         """Delivers the webhook outbox while this worker runs."""
         self._on_stored = self._stored  # (bound once: every attempt shares them)
         self._on_ended = self._finished
+        self._on_hooks_ended = self._hooks_ended
+        self._refill_for = self._next_claim_for
 
     # -- control -----------------------------------------------------------------------------
 
@@ -75,9 +77,7 @@ class Worker:
             self._force.set()
         else:
             log.info("shutting down: no new jobs; %d running", len(self.running))
-            self._stopping.set()
-            for attempt in self.running.values():
-                attempt.refill = None  # (one already asked for is handed back as it comes)
+            self._stopping.set()  # (what a write in flight claims is handed back as it comes)
 
     def cancel_local(self, task_id: str, fence: int, reason: str = CANCELLED) -> bool:
         """Cancel the asyncio task running ``task_id`` under ``fence``, if it runs here."""
@@ -309,18 +309,13 @@ class Worker:
     # -- one job -----------------------------------------------------------------------------
 
     def _start(self, job: Job) -> None:
-        # Its outcome's write claims the job that takes its slot next: while the queue has
-        # work, a busy worker makes no claims of its own.
-        refill = None
-        if not self._stopping.is_set() and len(self._finishing) < self.concurrency:
-            refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
         attempt = Attempt(
             job,
             registered=time.monotonic(),
-            refill=refill,
-            refilled=refill,
+            refill_for=self._refill_for,
             on_stored=self._on_stored,
             timeouts=self.timeouts,
+            on_hooks_ended=self._on_hooks_ended,
             on_ended=self._on_ended,
         )
         self.running[attempt.key] = attempt
@@ -334,17 +329,29 @@ class Worker:
         loop sees it free), while it runs its hooks on the side. Once hooks run beside as many
         jobs as the worker runs, it keeps its slot until its hooks end: slow hooks slow the
         worker down rather than pile up."""
-        frees = (
+        if (
             len(self._finishing) < self.concurrency
             and self.running.pop(attempt.key, None) is not None
-        )
-        if frees:
+        ):
+            if attempt.task is not None:
+                self._finishing.add(attempt.task)
             self._slot_freed.set()
-        # What takes its slot starts before it joins the attempts running hooks: its slot is
-        # handed over, not added to, so it must not count against its successor's refill.
-        self._take_claimed(attempt.refilled)
-        if frees and attempt.task is not None:
-            self._finishing.add(attempt.task)
+        self._take_claimed(attempt.refill)
+
+    def _next_claim_for(self, attempt: Attempt) -> NextClaim | None:
+        """Asked as an attempt's outcome is written: its write claims the job that takes its
+        slot next (while the queue has work, a busy worker makes no claims of its own), unless
+        the worker stops or hooks already hold as many slots as it has (then the slot is not
+        freed when the outcome is stored: a job claimed for it would only be handed back)."""
+        if self._stopping.is_set() or len(self._finishing) >= self.concurrency:
+            return None
+        if attempt.refill is None:
+            attempt.refill = NextClaim(self.worker_id, self.settings.lease_s, self._types)
+        return attempt.refill
+
+    def _hooks_ended(self, attempt: Attempt) -> None:
+        if attempt.task is not None:
+            self._finishing.discard(attempt.task)
 
     def _take_claimed(self, refill: NextClaim | None) -> None:
         """Start (or hand back) what a finish claimed for us, once."""
@@ -361,7 +368,7 @@ class Worker:
             self._slot_freed.set()
         # A write that claimed jobs and then failed (its reply unreadable, say) never got to
         # _stored: those jobs are ours all the same.
-        self._take_claimed(attempt.refilled)
+        self._take_claimed(attempt.refill)
         if not task.cancelled() and task.exception() is not None:
             log.error("job %s: worker bug", attempt.job.task_id, exc_info=task.exception())
 

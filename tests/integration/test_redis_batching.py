@@ -179,6 +179,24 @@ async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:
         assert sum(claims) <= 8, claims
 
 
+async def test_a_worker_of_one_slot_claims_only_its_first_job() -> None:
+    app = redis_app()
+
+    @app.task(max_attempts=1)
+    async def quick(ctx: JobContext, n: int) -> int:
+        return n * 2
+
+    jobs = [await app.enqueue("quick", {"n": n}) for n in range(30)]
+    claims = count_claims(app)
+    async with running_worker(app, concurrency=1):
+        for n, job in enumerate(jobs):
+            done = await app.wait(job.task_id, timeout=20)
+            assert done.status == JobStatus.COMPLETED and done.result == n * 2
+    # Each outcome's write claims the next job: the last one's hooks have ended by then (when
+    # its start decided, they had not, and every other job cost a claim of the worker's own).
+    assert sum(claims) == 1, claims
+
+
 async def test_finishes_stored_in_one_turn_all_hand_their_slots_a_refill() -> None:
     app = redis_app()
     releases = [asyncio.Event(), asyncio.Event()]
@@ -690,7 +708,9 @@ async def test_slow_hooks_hold_slots_once_as_many_run_as_the_concurrency() -> No
                 await asyncio.sleep(0.01)
             assert in_hooks == ["a", "b"]
             await asyncio.sleep(0.2)  # (what must not happen: c starting)
-            assert (await app.get(jobs[2].task_id)).status == JobStatus.QUEUED
+            # Nor claimed by b's outcome and handed back: b's write knew a's hook held on.
+            left = await app.get(jobs[2].task_id)
+            assert left.status == JobStatus.QUEUED and left.history == []
             release.set()
             done = await app.wait(jobs[2].task_id, timeout=10)
             assert done.status == JobStatus.COMPLETED
