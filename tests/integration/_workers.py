@@ -44,8 +44,12 @@ async def running_worker(app: Backburner, concurrency: int) -> AsyncIterator[Wor
         await asyncio.wait_for(worker.started.wait(), 10)
         yield worker
     finally:
-        if not worker._stopping.is_set():  # (a second shutdown would force it)
-            worker.shutdown()
-        await asyncio.wait_for(running, 20)
-        await app.close()
-        await drop_redis_keys(app.backend)
+        try:
+            if not worker._stopping.is_set():  # (a second shutdown would force it)
+                worker.shutdown()
+            await asyncio.wait_for(running, 20)
+        finally:
+            # Closed even when the worker did not stop (a test failed with a hook held): a
+            # connection left open keeps uvloop's loop.close() from returning, and the run.
+            await app.close()
+            await drop_redis_keys(app.backend)
