@@ -236,6 +236,8 @@ async def test_finishes_stored_in_one_turn_all_hand_their_slots_a_refill() -> No
                 }:
                     break
                 await asyncio.sleep(0.005)
+            else:
+                pytest.fail(f"jobs {first}..{first + 3} never held every slot")
             release.set()
         for n, queued in enumerate(jobs):
             done = await app.wait(queued.task_id, timeout=20)
