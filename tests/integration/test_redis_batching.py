@@ -162,36 +162,32 @@ async def test_finishes_of_one_batch_share_one_claim(
     assert {j.lease_expires_at for r in refills[1:] for j in r.jobs} == {nows[-1] + 30.0}
 
 
-async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:
+async def _claims_of_a_drain(jobs: int, concurrency: int) -> list[int]:
+    """A worker of ``concurrency`` slots runs ``jobs`` quick jobs queued before it starts:
+    how many jobs each of its own claims took (checked: every job completed, in its result)."""
     app = redis_app()
 
     @app.task(max_attempts=1)
     async def quick(ctx: JobContext, n: int) -> int:
         return n * 2
 
-    jobs = [await app.enqueue("quick", {"n": n}) for n in range(60)]
+    queued = [await app.enqueue("quick", {"n": n}) for n in range(jobs)]
     claims = count_claims(app)
-    async with running_worker(app, concurrency=4):
-        for n, job in enumerate(jobs):
+    async with running_worker(app, concurrency=concurrency):
+        for n, job in enumerate(queued):
             done = await app.wait(job.task_id, timeout=20)
             assert done.status == JobStatus.COMPLETED and done.result == n * 2
-        # Without refills the worker claims for every freed slot: 60 jobs, 4 at most a claim.
-        assert sum(claims) <= 8, claims
+    return claims
+
+
+async def test_a_busy_worker_fills_its_slots_from_its_finishes() -> None:
+    claims = await _claims_of_a_drain(60, concurrency=4)
+    # Without refills the worker claims for every freed slot: 60 jobs, 4 at most a claim.
+    assert sum(claims) <= 8, claims
 
 
 async def test_a_worker_of_one_slot_claims_only_its_first_job() -> None:
-    app = redis_app()
-
-    @app.task(max_attempts=1)
-    async def quick(ctx: JobContext, n: int) -> int:
-        return n * 2
-
-    jobs = [await app.enqueue("quick", {"n": n}) for n in range(30)]
-    claims = count_claims(app)
-    async with running_worker(app, concurrency=1):
-        for n, job in enumerate(jobs):
-            done = await app.wait(job.task_id, timeout=20)
-            assert done.status == JobStatus.COMPLETED and done.result == n * 2
+    claims = await _claims_of_a_drain(30, concurrency=1)
     # Each outcome's write claims the next job: the last one's hooks have ended by then (when
     # its start decided, they had not, and every other job cost a claim of the worker's own).
     assert sum(claims) == 1, claims
