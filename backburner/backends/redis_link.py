@@ -71,6 +71,12 @@ class _Lane:
             return self._send_on_usable(args)
         return pipe.send(args)
 
+    def send_now(self, args: tuple[Arg, ...]) -> asyncio.Future[Any] | None:
+        """The future of ``args``'s reply, the command written before this returns; None if
+        the lane has no usable pipe yet (opening or checking one takes a coroutine)."""
+        pipe = self._ready_pipe()
+        return None if pipe is None else pipe.send(args, now=True)
+
     def _ready_pipe(self) -> Pipe | None:
         """Its pipe, if a command may go out on it now (None: open or check one first)."""
         pipe = self.pipe
@@ -276,14 +282,21 @@ class RedisLink:
         for lane in (*self._lanes, self._waiting_lane):
             await lane.drop(error)
 
-    async def call(self, *args: Arg, read_only: bool = False, replicated: bool = False) -> Any:
+    async def call(
+        self,
+        *args: Arg,
+        read_only: bool = False,
+        replicated: bool = False,
+        sent: Awaitable[Any] | None = None,
+    ) -> Any:
         """Send one command; its reply, or BackendError. A ``read_only`` command is sent once
         more if the connection breaks under it (a write never is: it may have taken effect),
         and any command once more if a replica refused it (then nothing was written).
         ``replicated``: answer once ``replicas`` replicas have the write (NotReplicatedError if
-        they do not confirm it within ``replica_timeout_ms``); with ``replicas`` 0, at once."""
+        they do not confirm it within ``replica_timeout_ms``); with ``replicas`` 0, at once.
+        ``sent``: the reply of the command already sent once (send_now), if it was."""
         try:
-            return await self._send_one(args, replicated)
+            return await (sent if sent is not None else self._send_one(args, replicated))
         except NotPrimaryError:
             return await self._send_one(args, replicated)
         except NotReplicatedError:
@@ -301,16 +314,14 @@ class RedisLink:
         *,
         read_only: bool = False,
         replicated: bool = False,
+        sent: asyncio.Future[Any] | None = None,
     ) -> Any:
         """Run a script (as its library's function, or by SHA1), loading it if Redis does
-        not know it yet (``read_only`` as for call)."""
-        library, function = script.library, script.function
-        if self.functions and library is not None and function is not None:
-            command: tuple[Arg, ...] = ("FCALL", function, len(keys), *keys, *args)
-        else:
-            library, command = None, ("EVALSHA", script.sha, len(keys), *keys, *args)
+        not know it yet (``read_only`` as for call). ``sent``: send_now's future, if the
+        script was sent already."""
+        library, command = self._script_command(script, keys, args)
         try:
-            return await self.call(*command, read_only=read_only, replicated=replicated)
+            return await self.call(*command, read_only=read_only, replicated=replicated, sent=sent)
         except NoScriptError:
             if library is not None:  # (FCALL: the library is what Redis lacks)
                 await self.load_library(library)
@@ -319,6 +330,29 @@ class RedisLink:
             if self.on_code_lost is not None:
                 self.on_code_lost()
             return await self.call(*command, read_only=read_only, replicated=replicated)
+
+    def send_now(
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, replicated: bool = False
+    ) -> asyncio.Future[Any] | None:
+        """Write a call of ``script`` to a connection before this returns, and give the future
+        of its reply for ``run``'s ``sent``, which sees to what that reply calls for (loading
+        the script, sending it again). A loop callback's command otherwise leaves a turn or two
+        later, behind every task step those turns run. None when it cannot go at once: no
+        connection open yet, or ``replicated`` with replicas to wait for."""
+        if replicated and self.replicas:
+            return None
+        _, command = self._script_command(script, keys, args)
+        return self._lane().send_now(command)
+
+    def _script_command(
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]
+    ) -> tuple[str | None, tuple[Arg, ...]]:
+        """The library to load if Redis lacks the script (None: SCRIPT LOAD it), and the
+        command that calls it."""
+        library, function = script.library, script.function
+        if self.functions and library is not None and function is not None:
+            return library, ("FCALL", function, len(keys), *keys, *args)
+        return None, ("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def load_library(self, source: str) -> None:
         """FUNCTION LOAD a library; one of that name already loaded is the same code (its
@@ -332,11 +366,16 @@ class RedisLink:
     def _send_one(self, args: tuple[Arg, ...], replicated: bool = False) -> Awaitable[Any]:
         if replicated and self.replicas:
             return self._waiting_lane.send_replicated(args, self.replicas, self.replica_timeout_ms)
+        return self._lane().send(args)
+
+    def _lane(self) -> _Lane:
+        """The lane for the next command: the first, unless it awaits replies and another
+        awaits fewer."""
         lanes = self._lanes
         lane = lanes[0]
         if len(lanes) > 1 and lane.load():
             lane = min(lanes, key=_Lane.load)
-        return lane.send(args)
+        return lane
 
 
 class Dedicated:

@@ -117,7 +117,10 @@ class Pipe:
     def idle_too_long(self) -> bool:
         return self._loop.time() - self.last_active > IDLE_CHECK_S
 
-    def send(self, args: tuple[Arg, ...]) -> asyncio.Future[Any]:
+    def send(self, args: tuple[Arg, ...], *, now: bool = False) -> asyncio.Future[Any]:
+        """The future of ``args``'s reply. The command is written at once when nothing else
+        awaits a reply, else with the rest of this loop turn's commands at its end; ``now``:
+        at once all the same, behind the turn's commands written so far."""
         future: asyncio.Future[Any] = self._loop.create_future()
         if not self.alive:
             future.set_exception(BackendConnectionError(f"Redis at {self.where}: connection lost"))
@@ -134,6 +137,9 @@ class Pipe:
         if idle:
             # Nothing else is going out: write now rather than a loop turn later (latency).
             self._write(data)
+        elif now:
+            self._out.append(data)
+            self._write_out()
         else:
             self._out.append(data)
             if not self._flush_scheduled:
@@ -143,6 +149,9 @@ class Pipe:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
         if self._out and self.alive:
             out, self._out = self._out, []
             self._write(b"".join(out))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from backburner import JobContext
@@ -28,6 +30,7 @@ from backburner.hooks import Hooks
 from backburner.models import Job, JobStatus
 
 from ..conformance._support import T0, claim_one, enqueue, error, new_job
+from ..conftest import REDIS_TEST_URL
 from ._workers import count_claims, redis_app, running_worker
 
 # Both event loops: the batcher sends what a loop turn gathered as that turn ends.
@@ -305,6 +308,42 @@ async def test_full_batches_leave_at_once_and_each_call_gets_its_reply(
     assert sorted(stored) == sorted(w.encode() for w in words)
 
 
+async def test_a_batch_is_written_as_its_turn_closes_it_not_a_turn_later(
+    engine: RedisBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed batch (full, or at its turn's end) is on its way to Redis before the loop runs
+    anything else: a task's first step would send it a turn later, behind every other task's
+    step, and a worker's finishes would leave in clumps that Redis and the worker take turns
+    on. Checked from inside the flush, with a blocking client: the loop cannot turn meanwhile."""
+    batcher = await _echo_batcher(engine, max_batch=3)
+    link = engine._conn()
+    await asyncio.gather(link.call("PING"), link.call("PING"))  # both connections open
+    key = engine._p + "echo"
+    seen: list[tuple[bool, list[bytes]]] = []
+    flush = batcher._flush
+
+    def flush_then_look(*, turn_over: bool = True) -> None:
+        gathered = [args[0] for args, _ in batcher._batch or ()]
+        flush(turn_over=turn_over)
+        if not gathered:
+            return
+        with SyncRedis.from_url(REDIS_TEST_URL) as blocking:
+            deadline = time.monotonic() + 10
+            while not set(gathered) <= set(blocking.lrange(key, 0, -1)):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"batch {gathered} not in Redis when its flush returned")
+                time.sleep(0.005)  # (blocking on purpose: the loop must not turn)
+        seen.append((turn_over, gathered))
+
+    monkeypatch.setattr(batcher, "_flush", flush_then_look)
+    first = asyncio.ensure_future(batcher.call((b"a",)))
+    await asyncio.sleep(0)  # sent alone; its reply is still to come
+    words = [b"b", b"c", b"d", b"e"]
+    assert await asyncio.gather(first, *(batcher.call((w,)) for w in words)) == [b"a", *words]
+    # b, c, d fill a batch, written by the call that fills it; e's leaves as its turn ends.
+    assert seen == [(False, [b"b", b"c", b"d"]), (True, [b"e"])]
+
+
 @pytest.mark.parametrize("eager", [False, True], ids=["gathering", "eager"])
 async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_waits_unless_eager(
     engine: RedisBackend, scripts_run: Counter[str], eager: bool, monkeypatch: pytest.MonkeyPatch
@@ -573,8 +612,16 @@ async def test_a_batch_cancelled_before_its_first_step_fails_its_callers(
     engine: RedisBackend, client: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A task cancelled before it first runs never runs its body (no try/finally of its own):
-    # as when the loop shuts down right after a turn gathered calls.
+    # as when the loop shuts down right after a turn gathered calls. The batch was written as
+    # its turn closed it, before that task existed: it ran, and its callers are told it may
+    # have. Its reply, when it comes, is nobody's: the calls after it get their own.
     batcher = await _echo_batcher(engine, max_batch=10)
+    link = engine._conn()
+    # Both connections open (the second opens for a command sent behind one in flight), so
+    # the batch can be written whichever the link picks: a connection still to be opened
+    # would take the task's first step.
+    await asyncio.gather(link.call("PING"), link.call("PING"))
+    assert all(lane.pipe is not None for lane in link._lanes)
     first = asyncio.ensure_future(batcher.call(("a",)))
     await asyncio.sleep(0)  # sent alone; its reply is still to come
     create_task = asyncio.create_task
@@ -589,9 +636,11 @@ async def test_a_batch_cancelled_before_its_first_step_fails_its_callers(
     done = await asyncio.wait_for(asyncio.gather(*behind, return_exceptions=True), 10)
     monkeypatch.undo()
     assert [type(d) for d in done] == [BackendConnectionError, BackendConnectionError]
+    assert "it may have run" in str(done[0])
     assert await first == b"a"
-    assert await client.lrange(engine._p + "echo", 0, -1) == [b"a"]
     assert not batcher._sending
+    assert await batcher.call(("d",)) == b"d"
+    assert await client.lrange(engine._p + "echo", 0, -1) == [b"a", b"b", b"c", b"d"]
 
 
 async def test_a_retry_claimed_back_at_once_is_reported_as_queued(engine: RedisBackend) -> None:

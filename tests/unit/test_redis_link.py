@@ -85,6 +85,41 @@ async def test_concurrent_callers_each_get_their_own_reply_over_few_connections(
         assert len(opened) == connections  # every lane carried commands
 
 
+async def test_a_command_sent_now_is_written_at_once_behind_the_turns_earlier_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with ScriptedServer(echo_names=True) as server, linked(server.url, connections=1) as link:
+        assert await link.call("PING") == b"PING"  # open
+        pipe = link._lanes[0].pipe
+        assert pipe is not None
+        writes: list[bytes] = []
+        write = pipe._write
+
+        def recorded(data: bytes) -> None:
+            writes.append(data)
+            write(data)
+
+        monkeypatch.setattr(pipe, "_write", recorded)
+        first = link._send_one(("FIRST",))  # nothing awaits a reply: written at once
+        second = link._send_one(("SECOND",))  # behind it: held for the turn's end
+        assert writes == [b"*1\r\n$5\r\nFIRST\r\n"]
+        third = link._lanes[0].send_now(("THIRD",))
+        # Written before send_now returned, the held one first: the replies stay in order.
+        assert writes[1:] == [b"*1\r\n$6\r\nSECOND\r\n*1\r\n$5\r\nTHIRD\r\n"]
+        assert third is not None
+        assert [await first, await second, await third] == [b"FIRST", b"SECOND", b"THIRD"]
+        assert server.received[-3:] == [[b"FIRST"], [b"SECOND"], [b"THIRD"]]
+        assert len(writes) == 2  # the turn's end found nothing left to write
+
+
+async def test_a_lane_without_an_open_connection_sends_nothing_now() -> None:
+    async with ScriptedServer() as server, linked(server.url) as link:
+        assert link._lanes[0].send_now(("PING",)) is None  # opening one takes a coroutine
+        assert server.received == []
+        assert await link.call("PING") == b"OK"
+        assert link._lanes[0].send_now(("PING",)) is not None
+
+
 async def test_a_cancelled_caller_does_not_shift_the_replies_of_the_others() -> None:
     require_redis()
     async with linked(REDIS_TEST_URL, connections=1) as link:
