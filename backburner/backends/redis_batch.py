@@ -7,7 +7,8 @@ one. A call made while none of the script's calls awaits Redis goes out at once,
 lone caller waits for nothing. Calls made while one does gather and leave together when the
 turn ends. Behind a batch in flight, an ``eager`` batcher sends the first call of the turn at
 once, alone, and gathers the turn's later ones: Redis works on that one while the caller's
-loop makes the rest.
+loop makes the rest. A batch of a gathering (not eager) batcher is written to Redis as its turn
+closes it; an eager one's leaves with the next turn's commands.
 """
 
 from __future__ import annotations
@@ -113,18 +114,22 @@ class ScriptBatcher:
         for args, _ in batch:
             flat.append(len(args))
             flat.extend(args)
-        # Written now, not by the task's first step: that comes a loop turn later, behind every
-        # step of the turn's other tasks. A worker's finishes would leave together with the
-        # next batches', and Redis and the worker would take turns instead of working at once
-        # (Redis sat idle a fifth of a drain of no-op jobs).
-        try:
-            sent = self._link().send_now(
-                self._batched, self._keys, flat, replicated=self._replicated
-            )
-        except Exception as exc:  # not connected, or an argument Redis can't take: none went
-            for _, future in batch:
-                future.set_exception(exc)
-            return
+        # A gathering batcher's batch is written now, not by its task's first step: that comes
+        # a loop turn later, behind every step of the turn's other tasks, and a worker's
+        # finishes left together with the next batches'; Redis and the worker took turns
+        # instead of working at once (Redis sat idle a fifth of a drain of no-op jobs). An
+        # eager batcher's first call of each turn has gone at once already: its batch leaves
+        # with the next turn's commands (written at once, a producer with 64 enqueues in
+        # flight was 13-15% slower, in 6 of 6 and 7 of 8 alternating runs).
+        sent: asyncio.Future[Any] | None = None
+        if not self._eager:
+            try:
+                link = self._link()
+                sent = link.send_now(self._batched, self._keys, flat, replicated=self._replicated)
+            except Exception as exc:  # not connected, or an argument Redis can't take: none went
+                for _, future in batch:
+                    future.set_exception(exc)
+                return
         task = asyncio.create_task(self._send(batch, flat, sent), name="backburner:redis-batch")
         self._sending.add(task)  # in flight from now: a call made before it starts gathers
         task.add_done_callback(functools.partial(self._sent, batch, sent))

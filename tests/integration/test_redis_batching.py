@@ -345,6 +345,24 @@ async def test_a_batch_is_written_as_its_turn_closes_it_not_a_turn_later(
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["gathering", "eager"])
+async def test_a_batch_that_cannot_be_sent_fails_its_callers_and_nothing_else(
+    engine: RedisBackend, client: Redis, eager: bool
+) -> None:
+    batcher = await _echo_batcher(engine, max_batch=10, eager=eager)
+    first = asyncio.ensure_future(batcher.call(("a",)))
+    await asyncio.sleep(0)  # sent alone; its reply is still to come
+    # Behind it, in one turn (they gather behind a lone call, eager or not): a batch with an
+    # argument RESP has no form for, refused before a byte of it is written.
+    bad: Any = object()
+    behind = [batcher.call(("b",)), batcher.call(("c",)), batcher.call((bad,))]
+    done = await asyncio.wait_for(asyncio.gather(*behind, return_exceptions=True), 10)
+    assert await first == b"a"
+    assert [type(d) for d in done] == [TypeError, TypeError, TypeError]
+    assert await batcher.call(("d",)) == b"d"
+    assert await client.lrange(engine._p + "echo", 0, -1) == [b"a", b"d"]
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["gathering", "eager"])
 async def test_a_lone_caller_goes_alone_and_a_call_behind_one_in_flight_waits_unless_eager(
     engine: RedisBackend, scripts_run: Counter[str], eager: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
