@@ -120,7 +120,7 @@ class Pipe:
     def send(self, args: tuple[Arg, ...], *, now: bool = False) -> asyncio.Future[Any]:
         """The future of ``args``'s reply. The command is written at once when nothing else
         awaits a reply, else with the rest of this loop turn's commands at its end; ``now``:
-        at once all the same, behind the turn's commands written so far."""
+        at once all the same, behind the turn's commands held so far (in one write)."""
         future: asyncio.Future[Any] = self._loop.create_future()
         if not self.alive:
             future.set_exception(BackendConnectionError(f"Redis at {self.where}: connection lost"))
