@@ -8,7 +8,8 @@ lone caller waits for nothing. Calls made while one does gather and leave togeth
 turn ends. Behind a batch in flight, an ``eager`` batcher sends the first call of the turn at
 once, alone, and gathers the turn's later ones: Redis works on that one while the caller's
 loop makes the rest. A batch of a gathering (not eager) batcher is written to Redis as its turn
-closes it; an eager one's leaves with the next turn's commands.
+closes it (when a connection is open to take it); an eager one's leaves with the next turn's
+commands.
 """
 
 from __future__ import annotations
@@ -106,14 +107,9 @@ class ScriptBatcher:
         batch = self._batch
         self._batch = None if turn_over else []
         self._flush_due = not turn_over
-        # A caller cancelled before its batch left is not sent: nothing was done for it.
-        batch = [(args, future) for args, future in batch or () if not future.done()]
+        batch = _not_cancelled(batch or [])
         if not batch:
             return
-        flat: list[Arg] = [self._prefix, len(batch)]
-        for args, _ in batch:
-            flat.append(len(args))
-            flat.extend(args)
         # A gathering batcher's batch is written now, not by its task's first step: that comes
         # a loop turn later, behind every step of the turn's other tasks, and a worker's
         # finishes left together with the next batches'; Redis and the worker took turns
@@ -121,28 +117,43 @@ class ScriptBatcher:
         # eager batcher's first call of each turn has gone at once already: its batch leaves
         # with the next turn's commands (written at once, a producer with 64 enqueues in
         # flight was 13-15% slower, in 6 of 6 and 7 of 8 alternating runs).
-        sent: asyncio.Future[Any] | None = None
+        written: tuple[RedisLink, list[Arg], asyncio.Future[Any]] | None = None
         if not self._eager:
             try:
-                link = self._link()
+                link, flat = self._link(), self._flat(batch)
                 sent = link.send_now(self._batched, self._keys, flat, replicated=self._replicated)
             except Exception as exc:  # not connected, or an argument Redis can't take: none went
                 for _, future in batch:
                     future.set_exception(exc)
                 return
-        task = asyncio.create_task(self._send(batch, flat, sent), name="backburner:redis-batch")
+            if sent is not None:
+                written = (link, flat, sent)
+        task = asyncio.create_task(self._send(batch, written), name="backburner:redis-batch")
         self._sending.add(task)  # in flight from now: a call made before it starts gathers
-        task.add_done_callback(functools.partial(self._sent, batch, sent))
+        task.add_done_callback(functools.partial(self._sent, batch, written))
+
+    def _flat(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> list[Arg]:
+        """The batch form's ARGV: the prefix, the number of calls, then each call's length and
+        arguments."""
+        flat: list[Arg] = [self._prefix, len(batch)]
+        for args, _ in batch:
+            flat.append(len(args))
+            flat.extend(args)
+        return flat
 
     def _sent(
         self,
         batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]],
-        sent: asyncio.Future[Any] | None,
+        written: tuple[RedisLink, list[Arg], asyncio.Future[Any]] | None,
         task: asyncio.Task[None],
     ) -> None:
         self._sending.discard(task)
-        if sent is not None and not sent.done():
-            sent.cancel()  # (its reply, when it comes, goes to nobody)
+        if written is not None:
+            sent = written[2]
+            if not sent.done():
+                sent.cancel()  # (its reply, when it comes, goes to nobody)
+            elif not sent.cancelled():
+                sent.exception()  # (seen: asyncio logs a failure nobody looked at)
         # Cut short (the loop closing, or the batch cancelled before its first step, when its
         # body never runs): no caller waits forever.
         for _, future in batch:
@@ -152,20 +163,32 @@ class ScriptBatcher:
                 )
 
     def _run_batch(
-        self, flat: list[Arg], sent: asyncio.Future[Any] | None = None
+        self,
+        flat: list[Arg],
+        link: RedisLink | None = None,
+        sent: asyncio.Future[Any] | None = None,
     ) -> Awaitable[Any]:
-        return self._link().run(
+        return (link or self._link()).run(
             self._batched, self._keys, flat, replicated=self._replicated, sent=sent
         )
 
     async def _send(
         self,
         batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]],
-        flat: list[Arg],
-        sent: asyncio.Future[Any] | None,
+        written: tuple[RedisLink, list[Arg], asyncio.Future[Any]] | None,
     ) -> None:
+        if written is None:  # not sent yet: a caller cancelled since its turn ended is not sent
+            batch = _not_cancelled(batch)
+            if not batch:
+                return
         try:
-            replies = await self._run_batch(flat, sent)
+            if written is None:
+                flat = self._flat(batch)
+                replies = await self._run_batch(flat)
+            else:
+                # The link that wrote it: a backend closed meanwhile does not read as never sent.
+                link, flat, sent = written
+                replies = await self._run_batch(flat, link, sent)
             if isinstance(replies, list) and any(map(refused_by_replica, replies)):
                 # (By EVALSHA the batch runs, and each group's write is refused in its place.)
                 # Nothing was written: once more, on a new connection, as the link does.
@@ -186,3 +209,11 @@ class ScriptBatcher:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
+
+
+def _not_cancelled(
+    batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]],
+) -> list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]:
+    """The calls of a batch whose callers still wait: one cancelled before its batch left is
+    not sent (nothing was done for it)."""
+    return [(args, future) for args, future in batch if not future.done()]

@@ -73,7 +73,8 @@ class _Lane:
 
     def send_now(self, args: tuple[Arg, ...]) -> asyncio.Future[Any] | None:
         """The future of ``args``'s reply, the command written before this returns; None if
-        the lane has no usable pipe yet (opening or checking one takes a coroutine)."""
+        the lane has no usable pipe now (none open yet, or retired, or idle too long to use
+        unchecked: opening or checking one takes a coroutine)."""
         pipe = self._ready_pipe()
         return None if pipe is None else pipe.send(args, now=True)
 
@@ -337,8 +338,9 @@ class RedisLink:
         """Write a call of ``script`` to a connection before this returns, and give the future
         of its reply for ``run``'s ``sent``, which sees to what that reply calls for (loading
         the script, sending it again). A loop callback's command otherwise leaves a turn or two
-        later, behind every task step those turns run. None when it cannot go at once: no
-        connection open yet, or ``replicated`` with replicas to wait for."""
+        later, behind every task step those turns run. None when it cannot go at once: the
+        lane it picks has no usable connection now (_Lane.send_now), or ``replicated`` with
+        replicas to wait for."""
         if replicated and self.replicas:
             return None
         _, command = self._script_command(script, keys, args)

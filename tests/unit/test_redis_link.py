@@ -117,7 +117,8 @@ async def test_a_lane_without_an_open_connection_sends_nothing_now() -> None:
         assert link._lanes[0].send_now(("PING",)) is None  # opening one takes a coroutine
         assert server.received == []
         assert await link.call("PING") == b"OK"
-        assert link._lanes[0].send_now(("PING",)) is not None
+        sent = link._lanes[0].send_now(("PING",))
+        assert sent is not None and await sent == b"OK"
 
 
 async def test_a_cancelled_caller_does_not_shift_the_replies_of_the_others() -> None:
