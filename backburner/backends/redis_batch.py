@@ -153,7 +153,7 @@ class ScriptBatcher:
             if not sent.done():
                 sent.cancel()  # (its reply, when it comes, goes to nobody)
             elif not sent.cancelled():
-                sent.exception()  # (seen: asyncio logs a failure nobody looked at)
+                sent.exception()  # (retrieved: asyncio logs a failure nobody looked at)
         # Cut short (the loop closing, or the batch cancelled before its first step, when its
         # body never runs): no caller waits forever.
         for _, future in batch:
@@ -177,18 +177,18 @@ class ScriptBatcher:
         batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]],
         written: tuple[RedisLink, list[Arg], asyncio.Future[Any]] | None,
     ) -> None:
+        link: RedisLink | None = None
+        sent: asyncio.Future[Any] | None = None
         if written is None:  # not sent yet: a caller cancelled since its turn ended is not sent
             batch = _not_cancelled(batch)
             if not batch:
                 return
+            flat = self._flat(batch)
+        else:
+            # The link that wrote it: a backend closed meanwhile does not read as never sent.
+            link, flat, sent = written
         try:
-            if written is None:
-                flat = self._flat(batch)
-                replies = await self._run_batch(flat)
-            else:
-                # The link that wrote it: a backend closed meanwhile does not read as never sent.
-                link, flat, sent = written
-                replies = await self._run_batch(flat, link, sent)
+            replies = await self._run_batch(flat, link, sent)
             if isinstance(replies, list) and any(map(refused_by_replica, replies)):
                 # (By EVALSHA the batch runs, and each group's write is refused in its place.)
                 # Nothing was written: once more, on a new connection, as the link does.

@@ -288,7 +288,7 @@ class RedisLink:
         *args: Arg,
         read_only: bool = False,
         replicated: bool = False,
-        sent: Awaitable[Any] | None = None,
+        sent: asyncio.Future[Any] | None = None,
     ) -> Any:
         """Send one command; its reply, or BackendError. A ``read_only`` command is sent once
         more if the connection breaks under it (a write never is: it may have taken effect),
