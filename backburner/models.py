@@ -214,6 +214,19 @@ def stored_job(document: str | bytes) -> Job:
     return job
 
 
+def checked_job(members: dict[str, Any]) -> Job:
+    """The Job whose fields are ``members`` (every field of Job, values already checked), not
+    validated again: what ``Job(**members)`` makes, with every field counted as set (like
+    ``stored_job``'s), in half its time (a producer makes one per enqueue). ``members`` becomes
+    the job's own: the caller must not keep it."""
+    job = object.__new__(Job)
+    object.__setattr__(job, "__dict__", members)
+    object.__setattr__(job, "__pydantic_fields_set__", _JOB_FIELDS)
+    object.__setattr__(job, "__pydantic_extra__", None)
+    object.__setattr__(job, "__pydantic_private__", None)
+    return job
+
+
 def replaced(model: _M, update: Mapping[str, Any]) -> _M:
     """What ``model.model_copy(update=update)`` returns (a shallow copy with ``update`` applied,
     not validated), made in a third of its time: the worker makes two for every job it

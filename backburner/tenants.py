@@ -20,7 +20,7 @@ and the keyless API) has no in-flight or rate limit unless it has a table of its
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .backends.base import DEFAULT_TENANT, Quota, check_tenant, fair_cost
@@ -48,13 +48,16 @@ class TenantPolicy:
             return None
         return Quota(max_in_flight=self.max_in_flight, per_minute=self.submissions_per_minute)
 
-    @property
-    def fair_cost(self) -> int:
-        return fair_cost(self.weight)
+    fair_cost: int = field(init=False, repr=False, compare=False)
+    """What one job of this tenant costs in fair scheduling (``fair_cost(weight)``), worked out
+    once: every enqueue reads it."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fair_cost", fair_cost(self.weight))
 
 
 UNLIMITED = TenantPolicy(max_in_flight=None, submissions_per_minute=None)
-_KEYS = {f.name for f in fields(TenantPolicy)}
+_KEYS = {f.name for f in fields(TenantPolicy) if f.init}
 
 
 def _policy(where: str, raw: Any, base: TenantPolicy) -> TenantPolicy:

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidInputError
 from ..models import (
+    NO_PROGRESS,
     ErrorInfo,
     Event,
     Job,
@@ -30,6 +31,7 @@ from ..models import (
     WebhookAttempt,
     WebhookDelivery,
     WebhookStatus,
+    checked_job,
 )
 
 CURSOR = re.compile(r"[0-9]{1,18}")
@@ -102,6 +104,8 @@ FAIR_SCALE = 10_000
 
 def check_tenant(name: str) -> str:
     """``name`` if it is a valid tenant name, else InvalidInputError."""
+    if type(name) is str and name == DEFAULT_TENANT:  # (the common case, without the pattern)
+        return name
     if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
         raise InvalidInputError(
             f"a tenant name is 1-64 letters, digits or . _ : @ - (starting with a letter or"
@@ -168,26 +172,44 @@ class NewJob:
         self, *, input: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None
     ) -> Job:
         """The job as enqueue stores it (queued, no attempt yet), with input and metadata as
-        stored (pass their JSON round trips)."""
-        return Job(
-            task_id=self.task_id,
-            type=self.type,
-            status=JobStatus.QUEUED,
-            priority=self.priority,
-            input=self.input if input is None else input,
-            created_at=self.created_at,
-            run_at=self.run_at,
-            max_attempts=self.max_attempts,
-            metadata=self.metadata if metadata is None else metadata,
-            webhook_url=self.webhook_url,
-            webhook_progress=self.webhook_progress,
-            traceparent=self.traceparent,
-            tenant=self.tenant,
-            parent_id=self.parent_id,
-            timeout_s=self.timeout_s,
-            deadline_at=self.deadline_at,
-            ttl_s=self.ttl_s,
-            idempotency_key=self.idempotency_key,
+        stored (pass their JSON round trips). Its fields were checked when it was built: the
+        Job is made without validating them again (``checked_job``; a test keeps it equal to
+        the validated one)."""
+        return checked_job(
+            {
+                "task_id": self.task_id,
+                "type": self.type,
+                "status": JobStatus.QUEUED,
+                "priority": self.priority,
+                "input": self.input if input is None else input,
+                "created_at": self.created_at,
+                "run_at": self.run_at,
+                "started_at": None,
+                "finished_at": None,
+                "attempts": 0,
+                "max_attempts": self.max_attempts,
+                "progress": NO_PROGRESS,
+                "result": None,
+                "error": None,
+                "usage": None,
+                "estimated_time_sec": None,
+                "estimated_remaining_sec": None,
+                "metadata": self.metadata if metadata is None else metadata,
+                "webhook_url": self.webhook_url,
+                "webhook_progress": self.webhook_progress,
+                "traceparent": self.traceparent,
+                "tenant": self.tenant,
+                "parent_id": self.parent_id,
+                "expires_at": None,
+                "timeout_s": self.timeout_s,
+                "deadline_at": self.deadline_at,
+                "ttl_s": self.ttl_s,
+                "idempotency_key": self.idempotency_key,
+                "worker_id": None,
+                "lease_expires_at": None,
+                "fence": 0,
+                "history": [],
+            }
         )
 
 

@@ -1,12 +1,16 @@
 """``replaced``: the worker's fast ``model_copy(update=...)`` must give what model_copy gives;
-``stored_job``: a stored job shares its set of fields and its default progress."""
+``stored_job``: a stored job shares its set of fields and its default progress; ``to_job``: the
+producer's unvalidated Job equals the validated one."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pydantic
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+from backburner.backends.base import NewJob
 from backburner.models import (
     NO_PROGRESS,
     AttemptRecord,
@@ -96,3 +100,78 @@ def test_a_stored_job_without_progress_shares_the_default() -> None:
     assert job.progress is NO_PROGRESS
     assert job.progress == Progress() and job.model_dump()["progress"] == Progress().model_dump()
     assert stored_job(a_job().model_dump_json()).progress == Progress()
+
+
+def a_new_job(**changes: object) -> NewJob:
+    base = NewJob(
+        task_id="task_1",
+        type="summarize",
+        input={"a": [1]},
+        fingerprint="",
+        created_at=1.5,
+        run_at=2.5,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {
+            "priority": 7,
+            "max_attempts": 3,
+            "timeout_s": 30.0,
+            "deadline_at": 100.5,
+            "ttl_s": 60.0,
+            "idempotency_key": "acme/k1",
+            "metadata": {"m": "v"},
+            "webhook_url": "https://example.com/hook",
+            "webhook_progress": True,
+            "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "tenant": "acme",
+            "parent_id": "task_0",
+        },
+    ],
+)
+def test_a_new_jobs_job_equals_the_validated_one(changes: dict[str, object]) -> None:
+    new = a_new_job(**changes)
+    fast = new.to_job()
+    slow = Job(
+        task_id=new.task_id,
+        type=new.type,
+        status=JobStatus.QUEUED,
+        priority=new.priority,
+        input=new.input,
+        created_at=new.created_at,
+        run_at=new.run_at,
+        max_attempts=new.max_attempts,
+        metadata=new.metadata,
+        webhook_url=new.webhook_url,
+        webhook_progress=new.webhook_progress,
+        traceparent=new.traceparent,
+        tenant=new.tenant,
+        parent_id=new.parent_id,
+        timeout_s=new.timeout_s,
+        deadline_at=new.deadline_at,
+        ttl_s=new.ttl_s,
+        idempotency_key=new.idempotency_key,
+    )
+    assert list(fast.__dict__) == list(Job.model_fields)  # every field, none unknown
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert Job.model_validate_json(fast.model_dump_json()) == fast
+    assert fast.model_fields_set == set(Job.model_fields)
+    with pytest.raises(pydantic.ValidationError):
+        fast.status = JobStatus.COMPLETED  # type: ignore[misc]
+
+
+def test_a_new_jobs_job_takes_the_stored_input_and_shares_no_history() -> None:
+    new = a_new_job()
+    stored_input, stored_metadata = {"a": [1]}, {"m": 1}
+    first, second = new.to_job(input=stored_input, metadata=stored_metadata), new.to_job()
+    assert first.input is stored_input and first.metadata is stored_metadata
+    assert second.input is new.input
+    assert first.history == [] and first.history is not second.history
+    assert first.progress is NO_PROGRESS
