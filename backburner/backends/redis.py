@@ -342,7 +342,9 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         max_in_flight = per_minute = None
         if quota is not None:
             max_in_flight, per_minute = quota.max_in_flight, quota.per_minute
-        created_at, run_at, ttl_s = number(job.created_at), number(job.run_at), number(job.ttl_s)
+        created_at, ttl_s = number(job.created_at), number(job.ttl_s)
+        # (A job due at once is due at its creation: one float's text, not two.)
+        run_at = created_at if job.run_at == job.created_at else number(job.run_at)
         reply = await self._run_batched(
             "enqueue",
             job.task_id,

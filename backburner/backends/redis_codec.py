@@ -32,7 +32,12 @@ def priority_code(priority: int) -> str:
     """The first part of a ready-queue member, which sorts as text: 3 digits, highest priority
     first. The rest (fair-share tag, seq, run code, id) is made by the scripts
     (``enqueue_ready`` in redis_lua/prelude.lua)."""
-    return f"{100 - priority:03d}"
+    code = _PRIORITY_CODES.get(priority)
+    return f"{100 - priority:03d}" if code is None else code
+
+
+_PRIORITY_CODES = {priority: f"{100 - priority:03d}" for priority in range(-100, 101)}
+"""Every valid priority's code, made once: formatting one was 2.5% of a producer's CPU."""
 
 
 def number(value: float) -> str:
