@@ -43,17 +43,17 @@ class TenantPolicy:
     max_tokens: int | None = None
     """Largest max_tokens of a generation (None: the service's ``max_tokens_limit``)."""
 
-    def quota(self) -> Quota | None:
-        if self.max_in_flight is None and self.submissions_per_minute is None:
-            return None
-        return Quota(max_in_flight=self.max_in_flight, per_minute=self.submissions_per_minute)
-
     fair_cost: int = field(init=False, repr=False, compare=False)
     """What one job of this tenant costs in fair scheduling (``fair_cost(weight)``), worked out
     once: every enqueue reads it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fair_cost", fair_cost(self.weight))
+
+    def quota(self) -> Quota | None:
+        if self.max_in_flight is None and self.submissions_per_minute is None:
+            return None
+        return Quota(max_in_flight=self.max_in_flight, per_minute=self.submissions_per_minute)
 
 
 UNLIMITED = TenantPolicy(max_in_flight=None, submissions_per_minute=None)

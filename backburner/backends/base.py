@@ -173,21 +173,23 @@ class NewJob:
     ) -> Job:
         """The job as enqueue stores it (queued, no attempt yet), with input and metadata as
         stored (pass their JSON round trips). Its fields were checked when it was built: the
-        Job is made without validating them again (``checked_job``; a test keeps it equal to
-        the validated one)."""
+        Job is made without validating them again (``checked_job``), only given the exact
+        types validation would give them (an int time a float, an enum's or str subclass's
+        name a str, an IntEnum an int), so that it equals the validated one (a test keeps it
+        so)."""
         return checked_job(
             {
-                "task_id": self.task_id,
-                "type": self.type,
+                "task_id": _text(self.task_id),
+                "type": _text(self.type),
                 "status": JobStatus.QUEUED,
-                "priority": self.priority,
+                "priority": int(self.priority),
                 "input": self.input if input is None else input,
-                "created_at": self.created_at,
-                "run_at": self.run_at,
+                "created_at": float(self.created_at),
+                "run_at": float(self.run_at),
                 "started_at": None,
                 "finished_at": None,
                 "attempts": 0,
-                "max_attempts": self.max_attempts,
+                "max_attempts": int(self.max_attempts),
                 "progress": NO_PROGRESS,
                 "result": None,
                 "error": None,
@@ -195,22 +197,32 @@ class NewJob:
                 "estimated_time_sec": None,
                 "estimated_remaining_sec": None,
                 "metadata": self.metadata if metadata is None else metadata,
-                "webhook_url": self.webhook_url,
+                "webhook_url": _text(self.webhook_url),
                 "webhook_progress": self.webhook_progress,
-                "traceparent": self.traceparent,
-                "tenant": self.tenant,
-                "parent_id": self.parent_id,
+                "traceparent": _text(self.traceparent),
+                "tenant": _text(self.tenant),
+                "parent_id": _text(self.parent_id),
                 "expires_at": None,
-                "timeout_s": self.timeout_s,
-                "deadline_at": self.deadline_at,
-                "ttl_s": self.ttl_s,
-                "idempotency_key": self.idempotency_key,
+                "timeout_s": None if self.timeout_s is None else float(self.timeout_s),
+                "deadline_at": None if self.deadline_at is None else float(self.deadline_at),
+                "ttl_s": float(self.ttl_s),
+                "idempotency_key": _text(self.idempotency_key),
                 "worker_id": None,
                 "lease_expires_at": None,
                 "fence": 0,
                 "history": [],
             }
         )
+
+
+def _text(value: Any) -> Any:
+    """A str as validating it gives it: the plain str of a str subclass's (an enum member's
+    value); None as None. Anything else is refused, as validation would refuse it."""
+    if value is None or type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise InvalidInputError(f"expected a string, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

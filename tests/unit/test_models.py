@@ -5,12 +5,14 @@ producer's unvalidated Job equals the validated one."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import pydantic
 import pytest
 from pydantic import BaseModel, ConfigDict
 
 from backburner.backends.base import NewJob
+from backburner.errors import InvalidInputError
 from backburner.models import (
     NO_PROGRESS,
     AttemptRecord,
@@ -175,3 +177,52 @@ def test_a_new_jobs_job_takes_the_stored_input_and_shares_no_history() -> None:
     assert second.input is new.input
     assert first.history == [] and first.history is not second.history
     assert first.progress is NO_PROGRESS
+
+
+class Kind(str, enum.Enum):  # noqa: UP042  (the form users write, whose str() is not its value)
+    SUMMARIZE = "summarize"
+
+
+class Level(enum.IntEnum):
+    HIGH = 7
+
+
+class Name(str):
+    pass
+
+
+def test_a_new_jobs_job_has_the_types_validation_gives() -> None:
+    """Times given as ints (a clock that counts whole seconds, ``timeout=30``), names as a str
+    enum or subclass, counts as an IntEnum: the Job holds what validating them makes."""
+    new = a_new_job(
+        type=Kind.SUMMARIZE,
+        created_at=1_700_000_000,
+        run_at=1_700_000_005,
+        priority=Level.HIGH,
+        max_attempts=Level.HIGH,
+        timeout_s=30,
+        deadline_at=1_700_000_100,
+        ttl_s=60,
+        tenant=Name("acme"),
+        idempotency_key=Name("acme/k"),
+    )
+    fast = new.to_job()
+    slow = Job.model_validate(
+        {**fast.model_dump(), "type": new.type, "created_at": new.created_at}
+        | {"run_at": new.run_at, "priority": new.priority, "max_attempts": new.max_attempts}
+        | {"timeout_s": new.timeout_s, "deadline_at": new.deadline_at, "ttl_s": new.ttl_s}
+        | {"tenant": new.tenant, "idempotency_key": new.idempotency_key}
+    )
+    assert fast == slow
+    assert {k: type(v) for k, v in fast.__dict__.items()} == {
+        k: type(v) for k, v in slow.__dict__.items()
+    }
+    assert fast.type == "summarize" and type(fast.type) is str
+    assert fast.timeout_s == 30.0 and type(fast.created_at) is float
+    assert type(fast.priority) is int and fast.priority == 7
+    assert fast.model_dump() == slow.model_dump()
+
+
+def test_a_new_job_with_a_name_that_is_not_text_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="expected a string"):
+        a_new_job(parent_id=5).to_job()  # type: ignore[arg-type]
