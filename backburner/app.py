@@ -53,9 +53,8 @@ def _is_count(value: object) -> bool:
 
 
 def _is_duration(value: object) -> bool:
-    kind = type(value)
-    if kind is float or kind is int:  # (the common case, without isinstance of a union)
-        return 0 < value < math.inf  # type: ignore[operator]
+    if type(value) is float or type(value) is int:  # (the common case: no isinstance of a union)
+        return 0 < value < math.inf
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
