@@ -9,7 +9,8 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import NextClaim, Release
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from ..app import Backburner
 
 log = logging.getLogger("backburner.worker")
+
+CLAIMS_AHEAD = 2
+"""Claims a worker sends ahead while it starts the jobs of a full one (see _claim_loop)."""
 
 
 def default_worker_id() -> str:
@@ -204,47 +208,80 @@ class Worker:
 
     async def _claim_loop(self, stop_waiter: asyncio.Task[Any]) -> None:
         settings = self.settings
-        backend = self.app.backend
-        clock = self.app.clock
         types = self._types = sorted(self.app.tasks)
         failures = 0
-        while not self._stopping.is_set():
-            free = self.concurrency - len(self.running)
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._until_stopping(self._slot_freed.wait(), stop_waiter)
-                continue
-            limit = min(free, settings.claim_batch)
-            try:
-                jobs = await backend.claim(
-                    self.worker_id,
-                    limit=limit,
-                    now=clock.now(),
-                    lease_s=settings.lease_s,
-                    types=types,
-                )
-            except BackburnerError as exc:
-                failures += 1
-                delay = min(5.0, 0.05 * 2**failures)
-                log.error("claim failed (%s); retrying in %.2fs", exc, delay)
-                await self._until_stopping(asyncio.sleep(delay), stop_waiter)
-                continue
-            failures = 0
-            for job in jobs:  # a hand-off may have taken a slot while the claim was out
-                self._take(job)
-            if self._stopping.is_set():
-                break
-            if len(jobs) < limit:
-                wait = backend.wait_for_jobs(
-                    now=clock.now(),
-                    timeout=settings.idle_wait_s,
-                    types=types,
-                    worker_id=self.worker_id,
-                    lease_s=settings.lease_s,
-                    on_handed=self._take,
-                )
-                for job in await self._until_stopping(wait, stop_waiter) or ():
+        # Claims sent before the jobs of the claim that came back before them were started:
+        # that one was full, so the queue likely holds more. Redis runs them while this process
+        # starts those jobs, where one claim at a time left each side idle while the other
+        # worked. With their limits; together they never ask for more than the free slots.
+        ahead: deque[tuple[asyncio.Task[list[Job]], int]] = deque()
+        try:
+            while not self._stopping.is_set():
+                claiming: Awaitable[list[Job]]
+                if ahead:
+                    claiming, limit = ahead.popleft()
+                else:
+                    free = self.concurrency - len(self.running)
+                    if free <= 0:
+                        self._slot_freed.clear()
+                        await self._until_stopping(self._slot_freed.wait(), stop_waiter)
+                        continue
+                    limit = min(free, settings.claim_batch)
+                    claiming = self._claim(limit)
+                try:
+                    jobs = await claiming
+                except BackburnerError as exc:
+                    failures += 1
+                    delay = min(5.0, 0.05 * 2**failures)
+                    log.error("claim failed (%s); retrying in %.2fs", exc, delay)
+                    await self._until_stopping(asyncio.sleep(delay), stop_waiter)
+                    continue
+                failures = 0
+                if len(jobs) == limit:
+                    room = self.concurrency - len(self.running) - len(jobs)
+                    room -= sum(asked for _, asked in ahead)
+                    while len(ahead) < CLAIMS_AHEAD and room > 0 and not self._stopping.is_set():
+                        more = min(room, settings.claim_batch)
+                        ahead.append((asyncio.ensure_future(self._claim(more)), more))
+                        room -= more
+                for job in jobs:  # a hand-off may have taken a slot while the claim was out
                     self._take(job)
+                if self._stopping.is_set():
+                    break
+                if len(jobs) < limit and not ahead:
+                    wait = self.app.backend.wait_for_jobs(
+                        now=self.app.clock.now(),
+                        timeout=settings.idle_wait_s,
+                        types=types,
+                        worker_id=self.worker_id,
+                        lease_s=settings.lease_s,
+                        on_handed=self._take,
+                    )
+                    for job in await self._until_stopping(wait, stop_waiter) or ():
+                        self._take(job)
+        finally:
+            for claiming, _ in ahead:
+                await self._settle_ahead(claiming)
+
+    def _claim(self, limit: int) -> Coroutine[Any, Any, list[Job]]:
+        return self.app.backend.claim(
+            self.worker_id,
+            limit=limit,
+            now=self.app.clock.now(),
+            lease_s=self.settings.lease_s,
+            types=self._types,
+        )
+
+    async def _settle_ahead(self, claiming: asyncio.Task[list[Job]]) -> None:
+        """The jobs of a claim sent ahead as the claim loop ended are ours: hand them back now
+        (the worker is stopping) rather than leave them to their leases."""
+        try:
+            jobs = await asyncio.shield(claiming)
+        except BackburnerError as exc:
+            log.warning("claim failed as the worker stopped (%s)", exc)
+            return
+        for job in jobs:
+            self._take(job)
 
     async def _drain(self) -> None:
         if (self.running or self._finishing) and not self._force.is_set():

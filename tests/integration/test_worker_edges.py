@@ -227,3 +227,88 @@ async def test_a_write_in_flight_when_the_grace_ends(backend: Backend, second_si
     else:
         assert done.status == JobStatus.COMPLETED and done.result == "done"
         assert [h.outcome for h in done.history] == ["completed"]
+
+
+class WatchedClaims:
+    """Wraps a backend; counts the claims awaiting Redis at once, and asks the worker to shut
+    down as the ``stop_at``-th claim returns (0: never)."""
+
+    def __init__(self, inner: Backend, stop_at: int = 0) -> None:
+        self.inner = inner
+        self.stop_at = stop_at
+        self.worker: Any = None
+        self.sent = 0
+        self.returned = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.limits: list[int] = []
+        self.stopped = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(self, *args: Any, **kw: Any) -> list[Job]:
+        self.sent += 1
+        self.limits.append(kw["limit"])
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.01)  # (every claim takes a while: the next is sent meanwhile)
+            jobs: list[Job] = await self.inner.claim(*args, **kw)
+        finally:
+            self.in_flight -= 1
+        self.returned += 1
+        if self.returned == self.stop_at:
+            self.worker.shutdown()
+            self.stopped.set()
+        return jobs
+
+
+async def test_a_worker_with_a_full_queue_keeps_claims_ahead(backend: Backend) -> None:
+    store = WatchedClaims(backend)
+    bb = Backburner(store, settings=FAST.replace(claim_batch=4))  # type: ignore[arg-type]
+    release = asyncio.Event()
+
+    @bb.task(max_attempts=1)
+    async def held(ctx: JobContext) -> None:
+        await release.wait()
+
+    jobs = [await bb.enqueue("held") for _ in range(40)]
+    async with running_worker(bb, concurrency=30) as worker:
+        await eventually(lambda: len(worker.running) == 30, timeout=20, message="30 running")
+        assert store.most_in_flight == 2  # the claim awaited, and one sent ahead of it
+        assert sum(store.limits) == 30  # never more asked for than slots were free
+        assert max(store.limits) == 4
+        release.set()
+        await eventually(
+            lambda: store.sent > 0 and not worker.running, timeout=20, message="all done"
+        )
+        for job in jobs:
+            done = await bb.wait(job.task_id, timeout=20)
+            assert done.status == JobStatus.COMPLETED and done.attempts == 1
+
+
+async def test_jobs_of_claims_sent_ahead_go_back_when_the_worker_stops(backend: Backend) -> None:
+    store = WatchedClaims(backend, stop_at=2)  # as the first claim sent ahead returns
+    bb = Backburner(store, settings=FAST.replace(claim_batch=5))  # type: ignore[arg-type]
+    ran: list[str] = []
+
+    @bb.task(max_attempts=1)
+    async def held(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        # Held until the worker stops: their finishes claim nothing more (a refill).
+        await store.stopped.wait()
+
+    jobs = [await bb.enqueue("held") for _ in range(50)]
+    worker = store.worker = bb.worker(concurrency=50)
+    await asyncio.wait_for(worker.run(), 20)
+    assert store.sent == 3 and store.most_in_flight == 2
+    assert len(ran) == 5  # the first claim's; the two sent ahead came back as it stopped
+    for job in jobs:
+        back = await bb.get(job.task_id)
+        if job.task_id in ran:
+            assert back.status == JobStatus.COMPLETED, back
+        else:
+            assert back.status == JobStatus.QUEUED, back
+            assert back.attempts == 0 and back.max_attempts == 1
+    assert worker.running == {}
