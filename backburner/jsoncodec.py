@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,15 +17,25 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 def encode(value: Any, what: str = "value") -> str:
     """Compact JSON text; InvalidInputError for what JSON cannot hold (sets, NaN, objects)."""
-    # The values a job is made of most often (ids, names, no input) need no encoder: a
-    # printable ASCII string without quote or backslash is itself between quotes.
+    # The values a job is made of most often (ids, names, no input, a handler's None) need no
+    # encoder: a printable ASCII string without quote or backslash is itself between quotes,
+    # and a scalar is written as the encoder writes it. The encoder makes its C encoder and a
+    # closure on every call: for None, 2.4 µs against 0.1, and most handlers return None.
     kind = type(value)  # (not __class__, which a proxy may fake)
     if kind is str:
         if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
             return f'"{value}"'
+    elif value is None:
+        return "null"
     elif kind is dict and not value:
         return "{}"
+    elif kind is bool:
+        return "true" if value else "false"
     try:
+        if kind is int:
+            return int.__repr__(value)  # (ValueError past the interpreter's digit limit)
+        if kind is float and math.isfinite(value):
+            return float.__repr__(value)
         return _COMPACT.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from None

@@ -40,3 +40,20 @@ def test_a_str_subclass_and_what_json_cannot_hold() -> None:
         encode({"x": math.nan}, "input")
     with pytest.raises(InvalidInputError):
         encode({1, 2})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, False, 0, -1, 2**63, 10**4000, 0.0, -0.0, 1.5, 1e300, 5e-324, 1 / 3, -math.pi],
+    ids=lambda v: f"{type(v).__name__}:{v!r:.20}",
+)
+def test_scalars_encode_as_the_json_encoder_writes_them(value: object) -> None:
+    assert encode(value) == REFERENCE.encode(value)
+
+
+def test_scalars_json_cannot_hold_are_refused_like_the_encoder_refuses_them() -> None:
+    for value in (math.nan, math.inf, -math.inf, 10**5000):  # (past the digit limit: ValueError)
+        with pytest.raises(ValueError):
+            REFERENCE.encode(value)
+        with pytest.raises(InvalidInputError, match="result is not JSON-serialisable"):
+            encode(value, "result")
