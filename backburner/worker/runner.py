@@ -191,9 +191,13 @@ class Worker:
         if len(self.running) < self.concurrency and not self._stopping.is_set():
             self._start(job)
         else:
-            task = asyncio.create_task(self._hand_back(job))
-            self._handing_back.add(task)
-            task.add_done_callback(self._handing_back.discard)
+            self._hand_back_soon(job)
+
+    def _hand_back_soon(self, job: Job) -> None:
+        """Hand a job back in a task of its own (a stopping worker awaits them all)."""
+        task = asyncio.create_task(self._hand_back(job))
+        self._handing_back.add(task)
+        task.add_done_callback(self._handing_back.discard)
 
     async def _hand_back(self, job: Job) -> None:
         """Put a job we hold back in the queue at its place, its attempt not counted."""
@@ -260,8 +264,14 @@ class Worker:
                     for job in await self._until_stopping(wait, stop_waiter) or ():
                         self._take(job)
         finally:
-            for claiming, _ in ahead:
-                await self._settle_ahead(claiming)
+            # However the loop ended (a shutdown, its task cancelled, an error), the jobs of the
+            # claims still ahead are handed back as each returns, by a callback: nothing waits
+            # for them to be taken, and a second cancellation cannot leave them leased.
+            pending = [claiming for claiming, _ in ahead]
+            for claiming in pending:
+                claiming.add_done_callback(self._return_claimed)
+            if pending:  # (their hand-backs begin before run() awaits those it has begun)
+                await asyncio.wait(pending)
 
     def _claim(self, limit: int) -> Coroutine[Any, Any, list[Job]]:
         return self.app.backend.claim(
@@ -272,16 +282,16 @@ class Worker:
             types=self._types,
         )
 
-    async def _settle_ahead(self, claiming: asyncio.Task[list[Job]]) -> None:
-        """The jobs of a claim sent ahead as the claim loop ended are ours: hand them back now
-        (the worker is stopping) rather than leave them to their leases."""
-        try:
-            jobs = await asyncio.shield(claiming)
-        except BackburnerError as exc:
-            log.warning("claim failed as the worker stopped (%s)", exc)
+    def _return_claimed(self, claiming: asyncio.Task[list[Job]]) -> None:
+        """Hand back every job of a claim sent ahead that the claim loop ended before taking."""
+        if claiming.cancelled():
             return
-        for job in jobs:
-            self._take(job)
+        error = claiming.exception()
+        if error is not None:
+            log.warning("a claim sent ahead failed as the claim loop ended (%s)", error)
+            return
+        for job in claiming.result():
+            self._hand_back_soon(job)
 
     async def _drain(self) -> None:
         if (self.running or self._finishing) and not self._force.is_set():

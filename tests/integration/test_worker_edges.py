@@ -237,6 +237,9 @@ class WatchedClaims:
         self.inner = inner
         self.stop_at = stop_at
         self.worker: Any = None
+        self.on_send: Any = None
+        """Called with the number of claims sent so far as each is sent."""
+        self.claimed: list[list[str]] = []
         self.sent = 0
         self.returned = 0
         self.in_flight = 0
@@ -249,6 +252,8 @@ class WatchedClaims:
 
     async def claim(self, *args: Any, **kw: Any) -> list[Job]:
         self.sent += 1
+        if self.on_send is not None:
+            self.on_send(self.sent)
         self.limits.append(kw["limit"])
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -258,6 +263,7 @@ class WatchedClaims:
         finally:
             self.in_flight -= 1
         self.returned += 1
+        self.claimed.append([job.task_id for job in jobs])
         if self.returned == self.stop_at:
             self.worker.shutdown()
             self.stopped.set()
@@ -280,9 +286,7 @@ async def test_a_worker_with_a_full_queue_keeps_claims_ahead(backend: Backend) -
         assert sum(store.limits) == 30  # never more asked for than slots were free
         assert max(store.limits) == 4
         release.set()
-        await eventually(
-            lambda: store.sent > 0 and not worker.running, timeout=20, message="all done"
-        )
+        await eventually(lambda: not worker.running, timeout=20, message="all done")
         for job in jobs:
             done = await bb.wait(job.task_id, timeout=20)
             assert done.status == JobStatus.COMPLETED and done.attempts == 1
@@ -312,3 +316,43 @@ async def test_jobs_of_claims_sent_ahead_go_back_when_the_worker_stops(backend: 
             assert back.status == JobStatus.QUEUED, back
             assert back.attempts == 0 and back.max_attempts == 1
     assert worker.running == {}
+
+
+async def test_jobs_of_claims_sent_ahead_go_back_when_the_worker_task_is_cancelled(
+    backend: Backend,
+) -> None:
+    store = WatchedClaims(backend)
+    bb = Backburner(store, settings=FAST.replace(claim_batch=5))  # type: ignore[arg-type]
+    release = asyncio.Event()
+
+    @bb.task(max_attempts=1)
+    async def held(ctx: JobContext) -> None:
+        await release.wait()
+
+    jobs = [await bb.enqueue("held") for _ in range(50)]
+    worker = bb.worker(concurrency=50)
+    running = asyncio.create_task(worker.run())
+
+    def cancel_on_the_third(sent: int) -> None:
+        # The loop awaits the second claim (the first sent ahead), the third is ahead of it.
+        if sent == 3:
+            running.cancel()
+
+    store.on_send = cancel_on_the_third
+    await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 20)
+    assert running.cancelled() and store.sent == 3
+    first, third = store.claimed[0], store.claimed[-1]
+    assert len(store.claimed) == 2 and len(first) == 5 and len(third) == 5  # (2nd: cancelled)
+
+    async def third_back() -> bool:
+        for task_id in third:
+            job = await bb.get(task_id)
+            if job.status != JobStatus.QUEUED:
+                return False
+            assert job.attempts == 0 and job.max_attempts == 1
+        return True
+
+    await eventually(third_back, timeout=20, message="the third claim's jobs back in the queue")
+    release.set()
+    await eventually(lambda: not worker.running, timeout=20, message="the first claim's jobs end")
+    assert {j.task_id for j in jobs} >= set(first) | set(third)
