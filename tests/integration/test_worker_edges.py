@@ -270,16 +270,24 @@ class WatchedClaims:
         return jobs
 
 
-async def test_a_worker_with_a_full_queue_keeps_claims_ahead(backend: Backend) -> None:
-    store = WatchedClaims(backend)
-    bb = Backburner(store, settings=FAST.replace(claim_batch=4))  # type: ignore[arg-type]
-    release = asyncio.Event()
+async def held_jobs(
+    store: WatchedClaims, claim_batch: int, count: int, until: asyncio.Event, ran: list[str]
+) -> tuple[Backburner, list[Job]]:
+    """An app on ``store`` whose task "held" notes its job in ``ran`` and waits for ``until``
+    (no finish of its claims anything more), and ``count`` such jobs enqueued."""
+    bb = Backburner(store, settings=FAST.replace(claim_batch=claim_batch))  # type: ignore[arg-type]
 
     @bb.task(max_attempts=1)
     async def held(ctx: JobContext) -> None:
-        await release.wait()
+        ran.append(ctx.job_id)
+        await until.wait()
 
-    jobs = [await bb.enqueue("held") for _ in range(40)]
+    return bb, [await bb.enqueue("held") for _ in range(count)]
+
+
+async def test_a_worker_with_a_full_queue_keeps_claims_ahead(backend: Backend) -> None:
+    store, release = WatchedClaims(backend), asyncio.Event()
+    bb, jobs = await held_jobs(store, 4, 40, release, [])
     async with running_worker(bb, concurrency=30) as worker:
         await eventually(lambda: len(worker.running) == 30, timeout=20, message="30 running")
         assert store.most_in_flight == 2  # the claim awaited, and one sent ahead of it
@@ -294,16 +302,8 @@ async def test_a_worker_with_a_full_queue_keeps_claims_ahead(backend: Backend) -
 
 async def test_jobs_of_claims_sent_ahead_go_back_when_the_worker_stops(backend: Backend) -> None:
     store = WatchedClaims(backend, stop_at=2)  # as the first claim sent ahead returns
-    bb = Backburner(store, settings=FAST.replace(claim_batch=5))  # type: ignore[arg-type]
     ran: list[str] = []
-
-    @bb.task(max_attempts=1)
-    async def held(ctx: JobContext) -> None:
-        ran.append(ctx.job_id)
-        # Held until the worker stops: their finishes claim nothing more (a refill).
-        await store.stopped.wait()
-
-    jobs = [await bb.enqueue("held") for _ in range(50)]
+    bb, jobs = await held_jobs(store, 5, 50, store.stopped, ran)  # (held until it stops)
     worker = store.worker = bb.worker(concurrency=50)
     await asyncio.wait_for(worker.run(), 20)
     assert store.sent == 3 and store.most_in_flight == 2
@@ -321,15 +321,8 @@ async def test_jobs_of_claims_sent_ahead_go_back_when_the_worker_stops(backend: 
 async def test_jobs_of_claims_sent_ahead_go_back_when_the_worker_task_is_cancelled(
     backend: Backend,
 ) -> None:
-    store = WatchedClaims(backend)
-    bb = Backburner(store, settings=FAST.replace(claim_batch=5))  # type: ignore[arg-type]
-    release = asyncio.Event()
-
-    @bb.task(max_attempts=1)
-    async def held(ctx: JobContext) -> None:
-        await release.wait()
-
-    jobs = [await bb.enqueue("held") for _ in range(50)]
+    store, release = WatchedClaims(backend), asyncio.Event()
+    bb, jobs = await held_jobs(store, 5, 50, release, [])
     worker = bb.worker(concurrency=50)
     running = asyncio.create_task(worker.run())
 
