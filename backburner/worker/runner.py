@@ -137,11 +137,15 @@ class Worker:
                 type(asyncio.get_running_loop()).__module__.partition(".")[0],
             )
             await self._claim_loop(stop_waiter)
-            # A task, not an await: nothing may run before _drain has cancelled what must not.
-            leaving = asyncio.create_task(self._stop_waiting())
-            await self._drain()
-            await leaving
-            await asyncio.gather(*self._handing_back)
+            await self._wind_down()
+        except asyncio.CancelledError:
+            # Its task cancelled (asyncio.run does that on Ctrl-C; an app's lifespan, at its
+            # end): a forced shutdown. Running jobs go back to the queue now, not after their
+            # lease (with no heartbeat left, they would only have run on to be fenced off).
+            self._stopping.set()
+            self._force.set()
+            await self._wind_down()
+            raise
         finally:
             dispatch_stop.set()
             await asyncio.gather(dispatching, return_exceptions=True)
@@ -157,6 +161,15 @@ class Worker:
                 loop.remove_signal_handler(sig)
             self.app.detach_worker(self)
             log.info("worker %s stopped", self.worker_id)
+
+    async def _wind_down(self) -> None:
+        """After the claim loop: hand back what is left, once running jobs end or the grace,
+        if any, runs out."""
+        # A task, not an await: nothing may run before _drain has cancelled what must not.
+        leaving = asyncio.create_task(self._stop_waiting())
+        await self._drain()
+        await leaving
+        await asyncio.gather(*self._handing_back)
 
     async def _until_stopping(
         self, waitable: Awaitable[Any], stop_waiter: asyncio.Task[Any]
@@ -219,9 +232,11 @@ class Worker:
         # starts those jobs, where one claim at a time left each side idle while the other
         # worked. With their limits; together they never ask for more than the free slots.
         ahead: deque[tuple[asyncio.Task[list[Job]], int]] = deque()
+        # The claim awaited: a task, shielded, so that cancelling the loop cannot cut it short
+        # after Redis ran it (its jobs would wait out their lease); the finally hands them back.
+        claiming: asyncio.Task[list[Job]] | None = None
         try:
             while not self._stopping.is_set():
-                claiming: Awaitable[list[Job]]
                 if ahead:
                     claiming, limit = ahead.popleft()
                 else:
@@ -231,15 +246,17 @@ class Worker:
                         await self._until_stopping(self._slot_freed.wait(), stop_waiter)
                         continue
                     limit = min(free, settings.claim_batch)
-                    claiming = self._claim(limit)
+                    claiming = asyncio.ensure_future(self._claim(limit))
                 try:
-                    jobs = await claiming
+                    jobs = await asyncio.shield(claiming)
                 except BackburnerError as exc:
+                    claiming = None
                     failures += 1
                     delay = min(5.0, 0.05 * 2**failures)
                     log.error("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._until_stopping(asyncio.sleep(delay), stop_waiter)
                     continue
+                claiming = None
                 failures = 0
                 if len(jobs) == limit:
                     room = self.concurrency - len(self.running) - len(jobs)
@@ -265,11 +282,14 @@ class Worker:
                         self._take(job)
         finally:
             # However the loop ended (a shutdown, its task cancelled, an error), the jobs of the
-            # claims still ahead are handed back as each returns, by a callback: nothing waits
-            # for them to be taken, and a second cancellation cannot leave them leased.
-            pending = [claiming for claiming, _ in ahead]
-            for claiming in pending:
-                claiming.add_done_callback(self._return_claimed)
+            # claim awaited and of those still ahead are handed back as each returns, by a
+            # callback: nothing waits for them to be taken, and a second cancellation cannot
+            # leave them leased.
+            pending = [task for task, _ in ahead]
+            if claiming is not None:
+                pending.append(claiming)
+            for task in pending:
+                task.add_done_callback(self._return_claimed)
             if pending:  # (their hand-backs begin before run() awaits those it has begun)
                 await asyncio.wait(pending)
 

@@ -19,9 +19,10 @@ from backburner.backends.base import Complete, NextClaim, Release
 from backburner.backends.redis import RedisBackend
 from backburner.backends.redis_catalog import hand_off_commands
 from backburner.models import JobStatus
+from backburner.worker.runner import Worker
 
 from ..conformance._support import T0, enqueue
-from ..conftest import REDIS_TEST_URL
+from ..conftest import REDIS_TEST_URL, drop_redis_keys
 from ._workers import count_claims, redis_app, running_worker
 
 # Both event loops: the hand-off's subscription takes over a transport the worker's loop made.
@@ -285,6 +286,31 @@ async def test_a_worker_runs_a_handed_job_without_claiming_it() -> None:
         assert done.status == JobStatus.COMPLETED and done.result == "quick"
         assert done.history[-1].worker_id == worker.worker_id
         assert sum(claims) == 0  # it came by hand-off, not by a claim
+
+
+async def test_a_worker_whose_task_is_cancelled_while_idle_is_handed_nothing_after() -> None:
+    app = make_app(asyncio.Event(), asyncio.Event())
+    idle = Worker(app, concurrency=2)
+    cancelled = asyncio.create_task(idle.run())
+    client = Redis.from_url(REDIS_TEST_URL)
+    try:
+        assert isinstance(app.backend, RedisBackend)
+        await registered(client, app.backend, idle.worker_id)
+        cancelled.cancel()
+        await asyncio.wait_for(asyncio.gather(cancelled, return_exceptions=True), 10)
+        assert cancelled.cancelled()
+        assert not await client.hexists("{" + app.backend.prefix + "}:idlew", idle.worker_id)
+    except BaseException:
+        await app.close()  # (running_worker closes it otherwise)
+        await drop_redis_keys(app.backend)
+        raise
+    finally:
+        await client.aclose()
+    async with running_worker(app, concurrency=2) as other:
+        job = await app.enqueue("quick")
+        done = await app.wait(job.task_id, timeout=10)
+        assert done.status == JobStatus.COMPLETED
+        assert [record.worker_id for record in done.history] == [other.worker_id]
 
 
 async def test_a_worker_with_no_free_slot_hands_a_handed_job_back() -> None:
