@@ -7,7 +7,10 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
+from redis.asyncio import Redis
+
 from backburner import Backburner, Settings
+from backburner.backends.redis import RedisBackend
 from backburner.worker.runner import Worker
 
 from ..conftest import REDIS_TEST_URL, drop_redis_keys, require_redis
@@ -53,3 +56,13 @@ async def running_worker(app: Backburner, concurrency: int) -> AsyncIterator[Wor
             # connection left open keeps uvloop's loop.close() from returning, and the run.
             await app.close()
             await drop_redis_keys(app.backend)
+
+
+async def registered(client: Redis, engine: RedisBackend, worker_id: str) -> None:
+    """Until worker_id is registered as idle (polled: the registration is the wait's doing)."""
+    key = "{" + engine.prefix + "}:idlew"
+    for _ in range(500):
+        if await client.hexists(key, worker_id):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{worker_id} never registered as idle")

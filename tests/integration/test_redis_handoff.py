@@ -23,20 +23,10 @@ from backburner.worker.runner import Worker
 
 from ..conformance._support import T0, enqueue
 from ..conftest import REDIS_TEST_URL, drop_redis_keys
-from ._workers import count_claims, redis_app, running_worker
+from ._workers import count_claims, redis_app, registered, running_worker
 
 # Both event loops: the hand-off's subscription takes over a transport the worker's loop made.
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_event_loops]
-
-
-async def registered(client: Redis, engine: RedisBackend, worker_id: str) -> None:
-    """Until worker_id is registered as idle (polled: the registration is the wait's doing)."""
-    key = "{" + engine.prefix + "}:idlew"
-    for _ in range(500):
-        if await client.hexists(key, worker_id):
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"{worker_id} never registered as idle")
 
 
 async def test_an_idle_worker_is_handed_the_job_its_enqueue_claims_for_it(
