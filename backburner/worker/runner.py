@@ -31,6 +31,11 @@ CLAIMS_AHEAD = 2
 """Claims a worker sends ahead while it starts the jobs of a full one (see _claim_loop)."""
 
 
+def claim_backoff(failures: int) -> float:
+    """Seconds to wait before claiming again after ``failures`` failed claims in a row."""
+    return min(5.0, 0.05 * 2.0**failures)
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -252,7 +257,10 @@ class Worker:
                 except BackburnerError as exc:
                     claiming = None
                     failures += 1
-                    delay = min(5.0, 0.05 * 2**failures)
+                    if ahead:  # (its jobs, if it got any, must not wait out a backoff)
+                        log.error("claim failed (%s); taking the next one sent ahead", exc)
+                        continue
+                    delay = claim_backoff(failures)
                     log.error("claim failed (%s); retrying in %.2fs", exc, delay)
                     await self._until_stopping(asyncio.sleep(delay), stop_waiter)
                     continue

@@ -12,7 +12,9 @@ from backburner import Backburner, Hooks, Job
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Outcome
 from backburner.context import JobContext
+from backburner.errors import BackendError
 from backburner.models import JobStatus
+from backburner.worker import runner
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
 
@@ -233,9 +235,11 @@ class WatchedClaims:
     """Wraps a backend; counts the claims awaiting Redis at once, and asks the worker to shut
     down as the ``stop_at``-th claim returns (0: never)."""
 
-    def __init__(self, inner: Backend, stop_at: int = 0) -> None:
+    def __init__(self, inner: Backend, stop_at: int = 0, fail_at: int = 0) -> None:
         self.inner = inner
         self.stop_at = stop_at
+        self.fail_at = fail_at
+        """The claim that fails, sending nothing (0: none)."""
         self.worker: Any = None
         self.on_send: Any = None
         """Called with the number of claims sent so far as each is sent."""
@@ -252,6 +256,7 @@ class WatchedClaims:
 
     async def claim(self, *args: Any, **kw: Any) -> list[Job]:
         self.sent += 1
+        number = self.sent
         if self.on_send is not None:
             self.on_send(self.sent)
         self.limits.append(kw["limit"])
@@ -259,6 +264,8 @@ class WatchedClaims:
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             await asyncio.sleep(0.01)  # (every claim takes a while: the next is sent meanwhile)
+            if number == self.fail_at:
+                raise BackendError("no claim today")
             jobs: list[Job] = await self.inner.claim(*args, **kw)
         finally:
             self.in_flight -= 1
@@ -295,6 +302,23 @@ async def test_a_worker_with_a_full_queue_keeps_claims_ahead(backend: Backend) -
         assert max(store.limits) == 4
         release.set()
         await eventually(lambda: not worker.running, timeout=20, message="all done")
+        for job in jobs:
+            done = await bb.wait(job.task_id, timeout=20)
+            assert done.status == JobStatus.COMPLETED and done.attempts == 1
+
+
+async def test_a_failed_claim_does_not_hold_back_the_jobs_of_the_next_one_sent_ahead(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "claim_backoff", lambda failures: 60.0)
+    store, release = WatchedClaims(backend, fail_at=2), asyncio.Event()  # the first sent ahead
+    ran: list[str] = []
+    bb, jobs = await held_jobs(store, 5, 50, release, ran)
+    async with running_worker(bb, concurrency=50):
+        # The third claim was sent with the second: its jobs start at once, not after 60 s.
+        await eventually(lambda: len(ran) >= 10, timeout=20, message="the third claim's jobs")
+        assert set(store.claimed[1]) <= set(ran)
+        release.set()
         for job in jobs:
             done = await bb.wait(job.task_id, timeout=20)
             assert done.status == JobStatus.COMPLETED and done.attempts == 1
