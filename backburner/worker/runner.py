@@ -31,6 +31,11 @@ CLAIMS_AHEAD = 2
 """Claims a worker sends ahead while it starts the jobs of a full one (see _claim_loop)."""
 
 
+WRITE_REPLY_S = 5.0
+"""How long a forced stop lets an outcome's write in flight land: a reply comes within the
+Redis backend's socket timeout (5 s) or not at all."""
+
+
 def claim_backoff(failures: int) -> float:
     """Seconds to wait before claiming again after ``failures`` failed claims in a row."""
     return min(5.0, 0.05 * 2.0**failures)
@@ -64,7 +69,8 @@ class Worker:
         self._force = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._last_beat = time.monotonic()
-        self._handing_back: set[asyncio.Task[None]] = set()
+        self._handing_back: set[asyncio.Task[Any]] = set()
+        """Hand-backs under way, and claims whose jobs go back as they return."""
         self._types = sorted(app.tasks)
         self._finishing: set[asyncio.Task[None]] = set()
         """Attempts whose outcome is stored, running their hooks: they hold no slot."""
@@ -143,38 +149,63 @@ class Worker:
             )
             await self._claim_loop(stop_waiter)
             await self._wind_down()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Exception) as exc:
             # Its task cancelled (asyncio.run does that on Ctrl-C; an app's lifespan, at its
-            # end): a forced shutdown. Running jobs go back to the queue now, not after their
-            # lease (with no heartbeat left, they would only have run on to be fenced off).
-            self._stopping.set()
-            self._force.set()
-            await self._wind_down()
+            # end), or a bug: a forced shutdown. Running jobs go back to the queue now, not
+            # after their lease (with no heartbeat left, they would only run on to be fenced
+            # off), and so do the jobs claimed for this worker that it has not started.
+            self._stop_now()
+            if self.started.is_set():  # (before it, nothing was claimed: fail fast)
+                log.warning("worker %s: %r; handing its jobs back now", self.worker_id, exc)
+                await self._wind_down()
             raise
         finally:
-            dispatch_stop.set()
-            await asyncio.gather(dispatching, return_exceptions=True)
-            self.app.hooks.hooks.remove(poke)
-            if alerts is not None:
-                self.app.hooks.hooks.remove(alerts)
-                await alerts.aclose(self.settings.webhook_timeout_s)
+            # What needs no await first: a cancellation of what follows cannot leave the
+            # heartbeat running, the signals handled or the worker attached.
             stop_waiter.cancel()
             for task in background:
                 task.cancel()
-            await asyncio.gather(*background, stop_waiter, return_exceptions=True)
             for sig in signals:
                 loop.remove_signal_handler(sig)
-            self.app.detach_worker(self)
-            log.info("worker %s stopped", self.worker_id)
+            dispatch_stop.set()
+            try:
+                await asyncio.gather(dispatching, return_exceptions=True)
+                if alerts is not None:
+                    await alerts.aclose(self.settings.webhook_timeout_s)
+                await asyncio.gather(*background, stop_waiter, return_exceptions=True)
+            finally:
+                self.app.hooks.hooks.remove(poke)
+                if alerts is not None:
+                    self.app.hooks.hooks.remove(alerts)
+                self.app.detach_worker(self)
+                log.info("worker %s stopped", self.worker_id)
+
+    def _stop_now(self) -> None:
+        """Its task was cancelled (or an error is ending it): stop as at a second signal,
+        before anything else runs (a job claimed for it from now on is handed back unstarted)."""
+        self._stopping.set()
+        self._force.set()
 
     async def _wind_down(self) -> None:
         """After the claim loop: hand back what is left, once running jobs end or the grace,
-        if any, runs out."""
+        if any, runs out. Run again (its task cancelled during the first), it takes over
+        what the first left: every hand-back begun is a task of its own, waited for here."""
         # A task, not an await: nothing may run before _drain has cancelled what must not.
-        leaving = asyncio.create_task(self._stop_waiting())
+        self._track(asyncio.create_task(self._stop_waiting()))
         await self._drain()
-        await leaving
-        await asyncio.gather(*self._handing_back)
+        # Waited for, never gathered: a cancellation of run() here must not cut them short.
+        while self._handing_back:
+            await asyncio.wait(set(self._handing_back))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        """Keep a hand-back until it ends (run() waits for them all)."""
+        self._handing_back.add(task)
+        task.add_done_callback(self._untrack)
+
+    def _untrack(self, task: asyncio.Task[Any]) -> None:
+        self._handing_back.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("handing jobs back failed", exc_info=task.exception())
 
     async def _until_stopping(
         self, waitable: Awaitable[Any], stop_waiter: asyncio.Task[Any]
@@ -183,6 +214,12 @@ class Worker:
         task = asyncio.ensure_future(waitable)
         try:
             await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._stop_now()  # (before the wait's own end: a job it is handed goes back)
+            if task.done() and not task.cancelled() and task.exception() is None:
+                for job in task.result() if isinstance(task.result(), list) else ():
+                    self._hand_back_soon(job)  # (a wait for jobs that ended with some)
+            raise
         finally:
             if not task.done():
                 task.cancel()
@@ -213,9 +250,7 @@ class Worker:
 
     def _hand_back_soon(self, job: Job) -> None:
         """Hand a job back in a task of its own (a stopping worker awaits them all)."""
-        task = asyncio.create_task(self._hand_back(job))
-        self._handing_back.add(task)
-        task.add_done_callback(self._handing_back.discard)
+        self._track(asyncio.create_task(self._hand_back(job)))
 
     async def _hand_back(self, job: Job) -> None:
         """Put a job we hold back in the queue at its place, its attempt not counted."""
@@ -288,18 +323,20 @@ class Worker:
                     )
                     for job in await self._until_stopping(wait, stop_waiter) or ():
                         self._take(job)
+        except asyncio.CancelledError:
+            self._stop_now()
+            raise
         finally:
             # However the loop ended (a shutdown, its task cancelled, an error), the jobs of the
             # claim awaited and of those still ahead are handed back as each returns, by a
             # callback: nothing waits for them to be taken, and a second cancellation cannot
-            # leave them leased.
+            # leave them leased. run() waits for them with its other hand-backs.
             pending = [task for task, _ in ahead]
             if claiming is not None:
                 pending.append(claiming)
             for task in pending:
+                self._handing_back.add(task)
                 task.add_done_callback(self._return_claimed)
-            if pending:  # (their hand-backs begin before run() awaits those it has begun)
-                await asyncio.wait(pending)
 
     def _claim(self, limit: int) -> Coroutine[Any, Any, list[Job]]:
         return self.app.backend.claim(
@@ -311,12 +348,13 @@ class Worker:
         )
 
     def _return_claimed(self, claiming: asyncio.Task[list[Job]]) -> None:
-        """Hand back every job of a claim sent ahead that the claim loop ended before taking."""
+        """Hand back every job of a claim the claim loop ended before taking."""
+        self._handing_back.discard(claiming)
         if claiming.cancelled():
             return
         error = claiming.exception()
         if error is not None:
-            log.warning("a claim sent ahead failed as the claim loop ended (%s)", error)
+            log.warning("a claim failed as the claim loop ended (%s)", error)
             return
         for job in claiming.result():
             self._hand_back_soon(job)
@@ -329,30 +367,39 @@ class Worker:
         if not leftover:
             await self._end_hooks()
             return
-        forced = self._force.is_set()
         log.info("handing %d unfinished jobs back to the queue", len(leftover))
         for attempt in leftover:
-            # A job whose outcome is being written is done: after a grace its write may land
-            # (up to 10 s more); a forced stop, before or during that wait, cuts it short.
-            if forced or not attempt.storing:
+            # A job whose outcome is being written is done, and the write may claim this
+            # worker's next jobs, which only its reply names (cut short, they would wait out
+            # their lease): it gets up to 10 s to land, or WRITE_REPLY_S once the stop is
+            # forced.
+            if not attempt.storing:
                 self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
         tasks = [a.task for a in leftover if a.task is not None]
-        if forced:
-            await asyncio.wait(tasks, timeout=1.0)
-        else:
+        if tasks and not self._force.is_set():
             await self._wait_or_force(tasks, 10.0)
-            late = [a for a in leftover if a.storing and a.task and not a.task.done()]
-            for attempt in late:
-                self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
-            if late:
-                await asyncio.wait([a.task for a in late if a.task], timeout=1.0)
-        # A task cancelled before its first step never ran its own hand-back: do it here.
-        unsettled = [a for a in leftover if not a.settled]
-        if unsettled:
-            await asyncio.gather(*(self._release(a) for a in unsettled))
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)  # (those cancelled now hand themselves back)
+        writing = [a.task for a in leftover if a.storing and a.task and not a.task.done()]
+        if writing and self._force.is_set():
+            await asyncio.wait(writing, timeout=WRITE_REPLY_S - 1.0)
+        late = [a for a in leftover if a.storing and a.task and not a.task.done()]
+        for attempt in late:
+            self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
+        if late:
+            await asyncio.wait([a.task for a in late if a.task], timeout=1.0)
+        # One still running (its handler held on through its cancellation) is handed back
+        # here; one that ended without settling was handed back as it ended (_finished).
+        stuck = [a for a in leftover if not a.settled and a.task and not a.task.done()]
+        releasing = [asyncio.create_task(self._release(a)) for a in stuck]
+        for task in releasing:
+            self._track(task)
+        if releasing:
+            await asyncio.wait(releasing)
         for task in tasks:
             task.cancel()
-        await asyncio.wait(tasks, timeout=1.0)
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
         await self._end_hooks()
 
     async def _end_hooks(self) -> None:
@@ -444,6 +491,11 @@ class Worker:
         # A write that claimed jobs and then failed (its reply unreadable, say) never got to
         # _stored: those jobs are ours all the same.
         self._take_claimed(attempt.refill)
+        if not attempt.settled and self._stopping.is_set():
+            # Ended without a word stored (cancelled before its first step, its write failed):
+            # handed back now, as it leaves self.running, where a later wind-down (after a
+            # cancellation of the one under way) would no longer find it.
+            self._track(asyncio.create_task(self._release(attempt)))
         if not task.cancelled() and task.exception() is not None:
             log.error("job %s: worker bug", attempt.job.task_id, exc_info=task.exception())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -191,7 +192,8 @@ class _Heard(logging.Handler):
 
 @pytest.mark.parametrize("second_signal", [False, True], ids=["graceful", "then-forced"])
 async def test_a_write_in_flight_when_the_grace_ends(backend: Backend, second_signal: bool) -> None:
-    """After the grace, a write in flight may land; a second signal cuts it short at once."""
+    """After the grace, a write in flight may land; after a second signal it gets only
+    WRITE_REPLY_S (a reply that has not come by then is not coming), then it is cut short."""
     store = GatedCompletion(backend)
     bb = Backburner(store, settings=FAST.replace(shutdown_grace_s=0.1))  # type: ignore[arg-type]
 
@@ -214,8 +216,9 @@ async def test_a_write_in_flight_when_the_grace_ends(backend: Backend, second_si
         await asyncio.wait_for(grace_over.wait(), 20)  # the grace ended with the write in flight
         if second_signal:
             worker.shutdown()
-            # Well within the 10 s a write in flight is otherwise given.
-            await asyncio.wait_for(running, 8)
+            cut = time.monotonic()
+            await asyncio.wait_for(running, runner.WRITE_REPLY_S + 10)
+            assert time.monotonic() - cut >= runner.WRITE_REPLY_S - 1.0  # (its time to land)
         else:
             store.gate.set()
             await asyncio.wait_for(running, 20)
@@ -250,6 +253,8 @@ class WatchedClaims:
         self.most_in_flight = 0
         self.limits: list[int] = []
         self.stopped = asyncio.Event()
+        self.winding_down = asyncio.Event()
+        """Set as the worker stops waiting for hand-offs: its wind-down has begun."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -274,6 +279,11 @@ class WatchedClaims:
         if self.returned == self.stop_at:
             self.worker.shutdown()
             self.stopped.set()
+        return jobs
+
+    async def stop_waiting(self, worker_id: str) -> list[Job]:
+        self.winding_down.set()
+        jobs: list[Job] = await self.inner.stop_waiting(worker_id)
         return jobs
 
 
@@ -372,3 +382,76 @@ async def test_cancelling_the_worker_task_hands_every_job_it_holds_back(
         assert back.status == JobStatus.QUEUED, back
         assert back.attempts == 0 and back.max_attempts == 1
         assert (job.task_id in claimed) == (back.history != [])  # (released: in its history)
+
+
+class CancelOnFinish:
+    """Wraps a backend; cancels ``target`` (the worker's task) as the ``at``-th outcome is
+    sent to be written."""
+
+    def __init__(self, inner: Backend, at: int) -> None:
+        self.inner = inner
+        self.at = at
+        self.target: asyncio.Task[None] | None = None
+        self.finishes = 0
+        self.claims_carried = 0
+        """Writes that also claimed the worker's next jobs."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def finish(self, *args: Any, **kw: Any) -> Job:
+        self.finishes += 1
+        if kw.get("then_claim") is not None:
+            self.claims_carried += 1
+        if self.finishes == self.at and self.target is not None:
+            self.target.cancel()
+        stored: Job = await self.inner.finish(*args, **kw)
+        return stored
+
+
+async def test_cancelling_a_busy_worker_loses_none_of_the_jobs_its_writes_claimed(
+    backend: Backend,
+) -> None:
+    store = CancelOnFinish(backend, at=30)
+    bb = Backburner(store, settings=FAST)  # type: ignore[arg-type]
+
+    @bb.task(max_attempts=1)
+    async def quick(ctx: JobContext) -> None:
+        return None
+
+    jobs = [await bb.enqueue("quick") for _ in range(200)]
+    worker = bb.worker(concurrency=8)
+    running = store.target = asyncio.create_task(worker.run())
+    await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 20)
+    assert running.cancelled()
+    assert store.claims_carried >= store.at - 1  # (the writes in flight claimed jobs too)
+    completed = 0
+    for job in jobs:
+        back = await bb.get(job.task_id)
+        # None left processing, leased to a worker that is gone: each one is either done or
+        # back in the queue with its attempt not charged.
+        assert back.status in (JobStatus.COMPLETED, JobStatus.QUEUED), back
+        assert back.attempts == (1 if back.status == JobStatus.COMPLETED else 0), back
+        completed += back.status == JobStatus.COMPLETED
+    assert store.at <= completed < len(jobs)
+
+
+async def test_a_worker_cancelled_during_its_grace_hands_its_jobs_back_at_once(
+    backend: Backend,
+) -> None:
+    store, never = WatchedClaims(backend), asyncio.Event()
+    ran: list[str] = []
+    bb, jobs = await held_jobs(store, 10, 10, never, ran)
+    bb.settings = bb.settings.replace(shutdown_grace_s=60)
+    worker = bb.worker(concurrency=10)
+    running = asyncio.create_task(worker.run())
+    await eventually(lambda: len(ran) == 10, timeout=20, message="all ten running")
+    worker.shutdown()  # graceful: it would wait up to 60 s for them
+    await asyncio.wait_for(store.winding_down.wait(), 20)  # (it waits out the grace now)
+    assert worker.running and not worker._force.is_set()
+    running.cancel()
+    await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 20)
+    assert running.cancelled() and worker.running == {}
+    for job in jobs:
+        back = await bb.get(job.task_id)
+        assert back.status == JobStatus.QUEUED and back.attempts == 0, back
