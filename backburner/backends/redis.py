@@ -75,6 +75,7 @@ from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
 from .redis_webhooks import RedisWebhookOutbox
+from .urls import connection_hint
 
 log = logging.getLogger("backburner.redis")
 
@@ -198,6 +199,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 message = f"Redis at {self._where}: {message}"
             if "NOAUTH" in message:
                 message += " Give its password in the URL, as [user]:PASSWORD@ before the host."
+            message += connection_hint(self.url, message)
             raise BackendError(f"cannot connect to {message}") from None
         except BaseException:
             await self.close()

@@ -339,6 +339,34 @@ def _host_text(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+_CLOSED = ("Connection reset by peer", "Connection closed by the server")
+"""How redis-py says a server hung up on a new connection (a TLS port it spoke plain text
+to, or a plain one whose TLS handshake it could not read, or a missing client certificate)."""
+
+
+def connection_hint(url: str, failure: str) -> str:
+    """A sentence to add to why a first connection to the Redis of ``url`` failed, when the
+    URL's scheme or a missing client certificate may be why; else "". Both mistakes show only
+    as a hang-up or a timeout: a plain Redis never answers a TLS greeting, and a TLS port
+    closes a connection that speaks plain text or brings no certificate it asked for."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    tls = scheme.startswith("rediss")
+    other = scheme.replace("rediss", "redis", 1) if tls else scheme.replace("redis", "rediss", 1)
+    closed = any(text in failure for text in _CLOSED)
+    if tls and "Timeout connecting" in failure:
+        return f" If that port does not speak TLS, the URL is {other}://, not {scheme}://."
+    refused = closed or "CERTIFICATE_REQUIRED" in failure  # (TLS 1.3's alert, when it comes)
+    if scheme == "rediss" and refused and "ssl_certfile" not in dict(parse_qsl(parts.query)):
+        return (
+            " If that Redis asks for a client certificate, give ssl_certfile and ssl_keyfile"
+            " in the URL."
+        )
+    if not tls and closed:
+        return f" If that port speaks only TLS, the URL is {other}://, not {scheme}://."
+    return ""
+
+
 def redacted(url: str) -> str:
     """The URL with its password and secret options shown as ``***`` (to print or log);
     any URL, valid or not. Everything before its last ``@`` but the user name counts as the

@@ -21,8 +21,8 @@ from backburner.errors import BackendError
 from backburner.models import JobStatus
 
 from ..chaos.support import RedisServer, started_redis, unavailable
-from ..helpers import free_port
-from ._workers import registered, running_worker
+from ..helpers import free_port, running_worker
+from ._workers import registered
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.both_event_loops]
 
@@ -56,6 +56,8 @@ def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
             *(openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
             *("-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1"),
             *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            # (Python 3.13's strict checks want a CA's key usage said)
+            *("-addext", "keyUsage=critical,digitalSignature,keyCertSign"),
         ],
         check=True,
         capture_output=True,
@@ -93,7 +95,7 @@ async def test_jobs_their_hand_off_and_their_events_go_over_tls(tls_redis: TlsRe
 
     plain = Redis(port=tls_redis.server.port)
     try:
-        async with running_worker(bb, concurrency=2) as worker:
+        async with bb, running_worker(bb, concurrency=2) as worker:
             backend = bb.backend
             assert isinstance(backend, RedisBackend)
             await registered(plain, backend, worker.worker_id)  # (registered over TLS)
@@ -107,7 +109,8 @@ async def test_jobs_their_hand_off_and_their_events_go_over_tls(tls_redis: TlsRe
                     await asyncio.sleep(0.01)
 
             seen = await asyncio.wait_for(reported(), 10)
-            # The event watcher blocks on the job's stream over TLS until the result comes.
+            # The event watcher reads the job's stream over TLS (blocking, unless the result
+            # is there before it looks) until the result comes.
             watching = asyncio.create_task(backend.wait_for_events({job.task_id: seen}, timeout=10))
             gate.set()
             heads = await asyncio.wait_for(watching, 15)
@@ -147,3 +150,25 @@ async def test_a_client_without_a_certificate_is_refused_clearly(tls_redis: TlsR
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith(f"cannot connect to Redis at 127.0.0.1:{tls_redis.tls_port}: ")
+    assert message.endswith("give ssl_certfile and ssl_keyfile in the URL.")
+
+
+async def test_a_plain_url_for_a_tls_port_says_rediss(tls_redis: TlsRedis) -> None:
+    bb = Backburner(f"redis://127.0.0.1:{tls_redis.tls_port}/0")
+    try:
+        with pytest.raises(BackendError) as refused:
+            await asyncio.wait_for(bb.connect(), 20)
+    finally:
+        await bb.close()
+    assert str(refused.value).endswith("the URL is rediss://, not redis://.")
+
+
+async def test_a_tls_url_for_a_plain_port_says_redis(tls_redis: TlsRedis) -> None:
+    plain = f"rediss://127.0.0.1:{tls_redis.server.port}/0?socket_connect_timeout=0.5"
+    bb = Backburner(plain + f"&ssl_ca_certs={tls_redis.ca}")
+    try:
+        with pytest.raises(BackendError) as refused:
+            await asyncio.wait_for(bb.connect(), 20)
+    finally:
+        await bb.close()
+    assert str(refused.value).endswith("the URL is redis://, not rediss://.")

@@ -15,6 +15,7 @@ from backburner.backends.redis_cluster import moved_to
 from backburner.backends.urls import (
     ClusterAddress,
     SentinelAddress,
+    connection_hint,
     parse_cluster_url,
     parse_sentinel_url,
     redacted,
@@ -249,3 +250,34 @@ def test_the_cli_refuses_a_bad_sentinel_url_in_one_line_without_its_password() -
     done = run("worker", "--backend", "redis+sentinel://:hunter2@h:99999/m")
     assert_one_line_error(done, "not a number in 1..65535")
     assert "hunter2" not in done.stderr
+
+
+RESET = "Error while reading from 127.0.0.1:6380 : (104, 'Connection reset by peer')"
+CLOSED = "Connection closed by the server before write"
+ALERT = "(1, '[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required')"
+
+
+@pytest.mark.parametrize(
+    ("url", "failure", "hint"),
+    [
+        ("rediss://h:6379/0", "Timeout connecting to server", "the URL is redis://, not rediss://"),
+        ("redis://h:6380/0", RESET, "the URL is rediss://, not redis://"),
+        ("redis+cluster://h:6380", CLOSED, "the URL is rediss+cluster://, not redis+cluster://"),
+        ("rediss+sentinel://h/m", "Timeout connecting", "is redis+sentinel://, not rediss+"),
+        ("rediss://h:6380/0", CLOSED, "give ssl_certfile and ssl_keyfile"),
+        ("rediss://h:6380/0", ALERT, "give ssl_certfile and ssl_keyfile"),
+        ("rediss+sentinel://h/mymaster", RESET, None),  # (it takes no client certificate)
+        ("rediss://h:6380/0?ssl_certfile=/c.pem&ssl_keyfile=/k.pem", CLOSED, None),
+        ("redis://h:6379/0", "Timeout connecting to server", None),
+        ("rediss://h:6379/0", "Error 111 connecting to h:6379. Connection refused.", None),
+        ("redis://h:6379/0", "Error 111 connecting to h:6379. Connection refused.", None),
+    ],
+)
+def test_a_failed_connection_hints_at_the_scheme_or_a_client_certificate(
+    url: str, failure: str, hint: str | None
+) -> None:
+    said = connection_hint(url, failure)
+    if hint is None:
+        assert said == ""
+    else:
+        assert hint in said and said.startswith(" ") and said.endswith(".")
