@@ -156,17 +156,21 @@ class Worker:
             # off), and so do the jobs claimed for this worker that it has not started.
             self._stop_now()
             if self.started.is_set():  # (before it, nothing was claimed: fail fast)
-                log.warning("worker %s: %r; handing its jobs back now", self.worker_id, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    log.info("worker %s cancelled: handing its jobs back now", self.worker_id)
+                else:
+                    log.warning("worker %s: %r; handing its jobs back now", self.worker_id, exc)
                 await self._wind_down()
             raise
         finally:
             # What needs no await first: a cancellation of what follows cannot leave the
-            # heartbeat running, the signals handled or the worker attached.
+            # heartbeat running or the hooks in place (nothing runs jobs any more).
             stop_waiter.cancel()
             for task in background:
                 task.cancel()
-            for sig in signals:
-                loop.remove_signal_handler(sig)
+            self.app.hooks.hooks.remove(poke)
+            if alerts is not None:
+                self.app.hooks.hooks.remove(alerts)
             dispatch_stop.set()
             try:
                 await asyncio.gather(dispatching, return_exceptions=True)
@@ -174,9 +178,8 @@ class Worker:
                     await alerts.aclose(self.settings.webhook_timeout_s)
                 await asyncio.gather(*background, stop_waiter, return_exceptions=True)
             finally:
-                self.app.hooks.hooks.remove(poke)
-                if alerts is not None:
-                    self.app.hooks.hooks.remove(alerts)
+                for sig in signals:  # (a signal during the deliveries' drain asks once more)
+                    loop.remove_signal_handler(sig)
                 self.app.detach_worker(self)
                 log.info("worker %s stopped", self.worker_id)
 
@@ -376,13 +379,16 @@ class Worker:
             if not attempt.storing:
                 self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
         tasks = [a.task for a in leftover if a.task is not None]
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + 10.0  # (a force that comes late in the 10 s does not extend it)
         if tasks and not self._force.is_set():
             await self._wait_or_force(tasks, 10.0)
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)  # (those cancelled now hand themselves back)
         writing = [a.task for a in leftover if a.storing and a.task and not a.task.done()]
-        if writing and self._force.is_set():
-            await asyncio.wait(writing, timeout=WRITE_REPLY_S - 1.0)
+        more = min(WRITE_REPLY_S - 1.0, ends - loop.time())
+        if writing and self._force.is_set() and more > 0:
+            await asyncio.wait(writing, timeout=more)
         late = [a for a in leftover if a.storing and a.task and not a.task.done()]
         for attempt in late:
             self.cancel_local(attempt.job.task_id, attempt.job.fence, SHUTDOWN)
