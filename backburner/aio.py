@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Collection
+from typing import Any
 
 
 async def wait_set(event: asyncio.Event, timeout: float) -> bool:
@@ -19,3 +21,24 @@ async def wait_set(event: asyncio.Event, timeout: float) -> bool:
             async with asyncio.timeout(None if math.isinf(timeout) else timeout):
                 await event.wait()
     return event.is_set()
+
+
+async def wait_all_or(
+    tasks: Collection[asyncio.Future[Any]], event: asyncio.Event | None, timeout: float
+) -> None:
+    """Wait until every one of ``tasks`` is done, ``event`` (if any) is set or ``timeout``
+    seconds pass, whichever comes first. The tasks are not cancelled."""
+    if not tasks or (event is not None and event.is_set()):
+        return
+    if event is None:
+        await asyncio.wait(tasks, timeout=timeout)
+        return
+    all_done = asyncio.ensure_future(asyncio.wait(tasks))
+    now_set = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait(
+            {all_done, now_set}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        all_done.cancel()
+        now_set.cancel()

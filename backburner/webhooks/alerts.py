@@ -15,6 +15,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+from ..aio import wait_all_or
 from ..backends.outbox import new_msg_id
 from ..hooks import Hooks
 from ..models import Job
@@ -63,8 +64,12 @@ class DeadLetterAlerts(Hooks):
             headers={"User-Agent": USER_AGENT, "Content-Type": "application/json"},
         )
         self._sending: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def on_fail(self, job: Job) -> None:
+        if self._closing:  # (a hook chain's emit begun before the worker removed this hook)
+            log.warning("dead-letter alert for job %s not sent: the worker stopped", job.task_id)
+            return
         task = asyncio.create_task(self._send(job))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
@@ -89,10 +94,11 @@ class DeadLetterAlerts(Hooks):
                 extra={"task_id": job.task_id, "msg_id": msg_id, "event": "alert_failed"},
             )
 
-    async def aclose(self, wait_s: float) -> None:
-        """Give alerts in flight ``wait_s`` to finish, then drop them."""
-        if self._sending:
-            await asyncio.wait(self._sending, timeout=wait_s)
+    async def aclose(self, wait_s: float, hurry: asyncio.Event | None = None) -> None:
+        """Give alerts in flight ``wait_s`` to finish (less once ``hurry`` is set), then drop
+        them; none is sent from the moment this is called."""
+        self._closing = True
+        await wait_all_or(set(self._sending), hurry, wait_s)
         for task in self._sending:
             task.cancel()
         await asyncio.gather(*self._sending, return_exceptions=True)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..aio import wait_set
+from ..aio import wait_all_or, wait_set
 from ..errors import BackburnerError, UnsafeURLError
 from ..hooks import Hooks
 from ..models import (
@@ -116,8 +116,9 @@ class WebhookDispatcher:
         """A lifecycle hook that pokes this dispatcher when a job with a webhook ends here."""
         return _PokeOnEnd(self)
 
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Deliver until ``stopping`` is set; then wait (bounded) for deliveries in flight."""
+    async def run(self, stopping: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
+        """Deliver until ``stopping`` is set; then wait (bounded, and cut short once ``hurry``
+        is set) for deliveries in flight."""
         backend = self.app.backend
         try:
             while not stopping.is_set():
@@ -145,8 +146,7 @@ class WebhookDispatcher:
                     for w in waits:
                         w.cancel()
         finally:
-            if self._inflight:
-                await asyncio.wait(self._inflight, timeout=self.lease_s)
+            await wait_all_or(set(self._inflight), hurry, self.lease_s)
             for task in self._inflight:
                 task.cancel()  # their leases end, and another worker sends them
             await asyncio.gather(*self._inflight, return_exceptions=True)

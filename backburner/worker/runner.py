@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from ..aio import wait_all_or
 from ..backends.base import NextClaim, Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
@@ -128,7 +129,9 @@ class Worker:
         poke = dispatcher.hook()
         self.app.hooks.hooks.append(poke)
         dispatch_stop = asyncio.Event()
-        dispatching = asyncio.create_task(dispatcher.run(dispatch_stop))
+        # (a second signal while deliveries drain cuts them short: their leases end, and
+        # another worker sends them)
+        dispatching = asyncio.create_task(dispatcher.run(dispatch_stop, hurry=self._force))
         admin_url = self.settings.admin_webhook_url
         alerts = DeadLetterAlerts(self.app, admin_url) if admin_url else None
         if alerts is not None:
@@ -168,17 +171,17 @@ class Worker:
             stop_waiter.cancel()
             for task in background:
                 task.cancel()
+            dispatch_stop.set()
             self.app.hooks.hooks.remove(poke)
             if alerts is not None:
                 self.app.hooks.hooks.remove(alerts)
-            dispatch_stop.set()
             try:
                 await asyncio.gather(dispatching, return_exceptions=True)
                 if alerts is not None:
-                    await alerts.aclose(self.settings.webhook_timeout_s)
+                    await alerts.aclose(self.settings.webhook_timeout_s, hurry=self._force)
                 await asyncio.gather(*background, stop_waiter, return_exceptions=True)
             finally:
-                for sig in signals:  # (a signal during the deliveries' drain asks once more)
+                for sig in signals:  # (a second signal during the drains above ends them)
                     loop.remove_signal_handler(sig)
                 self.app.detach_worker(self)
                 log.info("worker %s stopped", self.worker_id)
@@ -422,17 +425,7 @@ class Worker:
 
     async def _wait_or_force(self, tasks: list[asyncio.Task[None]], timeout: float) -> None:
         """Until every task is done, a forced stop or ``timeout`` seconds, whichever is first."""
-        if not tasks:
-            return
-        all_done = asyncio.ensure_future(asyncio.wait(tasks))
-        force = asyncio.ensure_future(self._force.wait())
-        try:
-            await asyncio.wait(
-                {all_done, force}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            all_done.cancel()
-            force.cancel()
+        await wait_all_or(tasks, self._force, timeout)
 
     # -- one job -----------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from backburner import Backburner
 from backburner.errors import InvalidInputError, UnsafeURLError
 from backburner.models import WebhookStatus
 from backburner.webhooks import verify
+from backburner.webhooks.alerts import DeadLetterAlerts
 
 from ..helpers import eventually, running_worker
 from .conftest import SECRET
@@ -301,3 +303,39 @@ async def test_an_admin_alert_is_posted_for_each_dead_lettered_job(
     )
     assert body["error"]["type"] == "ValueError" and body["attempts"] == 1
     assert len(hooks.state.at("/admin")) == 1  # nothing for the job that completed
+
+
+async def test_a_second_shutdown_cuts_short_the_wait_for_deliveries_in_flight(
+    hooks: Receiver, make: Any
+) -> None:
+    hold = threading.Event()
+    hooks.state.plan("/hangs", Answer(204, hold=hold))
+    bb = await make(webhook_timeout_s=30.0)  # a stopping worker waits up to 65 s for it
+    worker = bb.worker()
+    running = asyncio.create_task(worker.run())
+    try:
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/hangs"))
+        await asyncio.to_thread(hooks.state.wait_for, "/hangs", 1)  # in flight, held
+        worker.shutdown()
+        worker.shutdown()  # at once: its lease ends, and another worker sends it
+        await asyncio.wait_for(running, 15)
+    finally:
+        hold.set()
+    (message,) = await bb.webhooks(job.task_id)
+    assert message.status is WebhookStatus.PENDING and message.attempts == []
+
+
+async def test_an_alert_asked_for_once_its_worker_is_closing_it_is_not_sent(
+    hooks: Receiver, make: Any
+) -> None:
+    bb = await make(admin_webhook_url=hooks.url("/admin"))
+    failed = await bb.enqueue("broken")
+    async with running_worker(bb):
+        dead = await bb.wait(failed.task_id, timeout=30)
+        await asyncio.to_thread(hooks.state.wait_for, "/admin", 1)
+    alerts = DeadLetterAlerts(bb, hooks.url("/admin"))
+    await alerts.aclose(1.0)
+    # A hook chain's emit that began before the worker removed the hook still calls it.
+    await alerts.on_fail(dead)
+    assert alerts._sending == set()
+    assert len(hooks.state.at("/admin")) == 1  # the worker's own, before
