@@ -70,7 +70,7 @@ class DeadLetterAlerts(Hooks):
         if self._closing:  # (a hook chain's emit begun before the worker removed this hook)
             log.warning("dead-letter alert for job %s not sent: the worker stopped", job.task_id)
             return
-        task = asyncio.create_task(self._send(job))
+        task = asyncio.create_task(self._send(job), name=job.task_id)
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -98,8 +98,13 @@ class DeadLetterAlerts(Hooks):
         """Give alerts in flight ``wait_s`` to finish (less once ``hurry`` is set), then drop
         them; none is sent from the moment this is called."""
         self._closing = True
-        await wait_all_or(set(self._sending), hurry, wait_s)
-        for task in self._sending:
-            task.cancel()
-        await asyncio.gather(*self._sending, return_exceptions=True)
-        await self._client.aclose()
+        try:
+            await wait_all_or(set(self._sending), hurry, wait_s)
+        finally:  # (cancelled while it waits: what follows runs all the same)
+            for task in self._sending:
+                log.warning(
+                    "dead-letter alert for job %s dropped: the worker stopped", task.get_name()
+                )
+                task.cancel()
+            await asyncio.gather(*self._sending, return_exceptions=True)
+            await self._client.aclose()

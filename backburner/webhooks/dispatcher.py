@@ -121,7 +121,8 @@ class WebhookDispatcher:
         is set) for deliveries in flight."""
         backend = self.app.backend
         try:
-            while not stopping.is_set():
+            # (once hurried, what it claimed now it would only cut short)
+            while not stopping.is_set() and not (hurry is not None and hurry.is_set()):
                 free = self.concurrency - len(self._inflight)
                 if free > 0:
                     try:
@@ -139,18 +140,21 @@ class WebhookDispatcher:
                     if len(messages) == free:
                         continue  # there may be more due
                 self._poke.clear()
-                waits = [asyncio.ensure_future(e.wait()) for e in (self._poke, stopping)]
+                wakers = (self._poke, stopping) if hurry is None else (self._poke, stopping, hurry)
+                waits = [asyncio.ensure_future(e.wait()) for e in wakers]
                 try:
                     await asyncio.wait(waits, timeout=POLL_S, return_when="FIRST_COMPLETED")
                 finally:
                     for w in waits:
                         w.cancel()
         finally:
-            await wait_all_or(set(self._inflight), hurry, self.lease_s)
-            for task in self._inflight:
-                task.cancel()  # their leases end, and another worker sends them
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-            await self._receivers.aclose()
+            try:
+                await wait_all_or(set(self._inflight), hurry, self.lease_s)
+            finally:  # (cancelled while it waits: what follows runs all the same)
+                for task in self._inflight:
+                    task.cancel()  # their leases end, and another worker sends them
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+                await self._receivers.aclose()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)

@@ -176,9 +176,14 @@ class Worker:
             if alerts is not None:
                 self.app.hooks.hooks.remove(alerts)
             try:
-                await asyncio.gather(dispatching, return_exceptions=True)
-                if alerts is not None:
-                    await alerts.aclose(self.settings.webhook_timeout_s, hurry=self._force)
+                try:
+                    await asyncio.gather(dispatching, return_exceptions=True)
+                except asyncio.CancelledError:
+                    self._force.set()  # (cancelled while deliveries drain: alerts go too)
+                    raise
+                finally:
+                    if alerts is not None:
+                        await alerts.aclose(self.settings.webhook_timeout_s, hurry=self._force)
                 await asyncio.gather(*background, stop_waiter, return_exceptions=True)
             finally:
                 for sig in signals:  # (a second signal during the drains above ends them)

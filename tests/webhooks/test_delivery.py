@@ -339,3 +339,41 @@ async def test_an_alert_asked_for_once_its_worker_is_closing_it_is_not_sent(
     await alerts.on_fail(dead)
     assert alerts._sending == set()
     assert len(hooks.state.at("/admin")) == 1  # the worker's own, before
+
+
+async def test_a_worker_cancelled_while_its_deliveries_drain_cuts_them_short(
+    hooks: Receiver, make: Any
+) -> None:
+    hold = threading.Event()
+    hooks.state.plan("/hangs", Answer(204, hold=hold))
+    bb = await make(webhook_timeout_s=30.0)
+    worker = bb.worker()
+    dispatcher, draining = worker.dispatcher, asyncio.Event()
+    deliver = dispatcher.run
+
+    async def watched(stopping: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
+        async def note() -> None:
+            await stopping.wait()
+            draining.set()
+
+        noting = asyncio.create_task(note())
+        try:
+            await deliver(stopping, hurry)
+        finally:
+            noting.cancel()
+
+    dispatcher.run = watched  # type: ignore[method-assign]
+    running = asyncio.create_task(worker.run())
+    try:
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/hangs"))
+        await asyncio.to_thread(hooks.state.wait_for, "/hangs", 1)  # in flight, held
+        worker.shutdown()
+        await asyncio.wait_for(draining.wait(), 20)  # run() waits for the delivery now
+        running.cancel()
+        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 15)
+        assert running.cancelled()
+        assert dispatcher._inflight == set()  # cut short, not left running on its own
+    finally:
+        hold.set()
+    (message,) = await bb.webhooks(job.task_id)
+    assert message.status is WebhookStatus.PENDING and message.attempts == []
