@@ -124,51 +124,40 @@ async def test_jobs_their_hand_off_and_their_events_go_over_tls(tls_redis: TlsRe
         await plain.aclose()
 
 
-async def test_a_certificate_nobody_vouched_for_is_refused_in_one_clear_line(
-    tls_redis: TlsRedis, tmp_path: Path
-) -> None:
-    other, _ = self_signed(tmp_path, "other")
-    bb = Backburner(tls_redis.url(other))
+async def refusal(url: str) -> str:
+    """The message of the BackendError that connecting to ``url`` raises."""
+    bb = Backburner(url)
     try:
         with pytest.raises(BackendError) as refused:
             await asyncio.wait_for(bb.connect(), 20)
     finally:
         await bb.close()
-    message = str(refused.value)
+    return str(refused.value)
+
+
+async def test_a_certificate_nobody_vouched_for_is_refused_in_one_clear_line(
+    tls_redis: TlsRedis, tmp_path: Path
+) -> None:
+    other, _ = self_signed(tmp_path, "other")
+    message = await refusal(tls_redis.url(other))
     assert "\n" not in message
     assert f"127.0.0.1:{tls_redis.tls_port}" in message
     assert "CERTIFICATE_VERIFY_FAILED" in message
 
 
 async def test_a_client_without_a_certificate_is_refused_clearly(tls_redis: TlsRedis) -> None:
-    bb = Backburner(tls_redis.url(client=False))
-    try:
-        with pytest.raises(BackendError) as refused:
-            await asyncio.wait_for(bb.connect(), 20)
-    finally:
-        await bb.close()
-    message = str(refused.value)
+    message = await refusal(tls_redis.url(client=False))
     assert "\n" not in message
     assert message.startswith(f"cannot connect to Redis at 127.0.0.1:{tls_redis.tls_port}: ")
     assert message.endswith("give ssl_certfile and ssl_keyfile in the URL.")
 
 
 async def test_a_plain_url_for_a_tls_port_says_rediss(tls_redis: TlsRedis) -> None:
-    bb = Backburner(f"redis://127.0.0.1:{tls_redis.tls_port}/0")
-    try:
-        with pytest.raises(BackendError) as refused:
-            await asyncio.wait_for(bb.connect(), 20)
-    finally:
-        await bb.close()
-    assert str(refused.value).endswith("the URL is rediss://, not redis://.")
+    refused = await refusal(f"redis://127.0.0.1:{tls_redis.tls_port}/0")
+    assert refused.endswith("the URL is rediss://, not redis://.")
 
 
 async def test_a_tls_url_for_a_plain_port_says_redis(tls_redis: TlsRedis) -> None:
     plain = f"rediss://127.0.0.1:{tls_redis.server.port}/0?socket_connect_timeout=0.5"
-    bb = Backburner(plain + f"&ssl_ca_certs={tls_redis.ca}")
-    try:
-        with pytest.raises(BackendError) as refused:
-            await asyncio.wait_for(bb.connect(), 20)
-    finally:
-        await bb.close()
-    assert str(refused.value).endswith("the URL is redis://, not rediss://.")
+    refused = await refusal(plain + f"&ssl_ca_certs={tls_redis.ca}")
+    assert refused.endswith("the URL is redis://, not rediss://.")

@@ -288,11 +288,18 @@ class WatchedClaims:
 
 
 async def held_jobs(
-    store: WatchedClaims, claim_batch: int, count: int, until: asyncio.Event, ran: list[str]
+    store: WatchedClaims,
+    claim_batch: int,
+    count: int,
+    until: asyncio.Event,
+    ran: list[str],
+    **settings: Any,
 ) -> tuple[Backburner, list[Job]]:
-    """An app on ``store`` whose task "held" notes its job in ``ran`` and waits for ``until``
-    (no finish of its claims anything more), and ``count`` such jobs enqueued."""
-    bb = Backburner(store, settings=FAST.replace(claim_batch=claim_batch))  # type: ignore[arg-type]
+    """An app on ``store`` (with FAST's settings, ``claim_batch`` and ``settings``) whose task
+    "held" notes its job in ``ran`` and waits for ``until`` (no finish of its claims anything
+    more), and ``count`` such jobs enqueued."""
+    options = FAST.replace(claim_batch=claim_batch, **settings)
+    bb = Backburner(store, settings=options)  # type: ignore[arg-type]
 
     @bb.task(max_attempts=1)
     async def held(ctx: JobContext) -> None:
@@ -441,8 +448,7 @@ async def test_a_worker_cancelled_during_its_grace_hands_its_jobs_back_at_once(
 ) -> None:
     store, never = WatchedClaims(backend), asyncio.Event()
     ran: list[str] = []
-    bb, jobs = await held_jobs(store, 10, 10, never, ran)
-    bb.settings = bb.settings.replace(shutdown_grace_s=60)
+    bb, jobs = await held_jobs(store, 10, 10, never, ran, shutdown_grace_s=60)
     worker = bb.worker(concurrency=10)
     running = asyncio.create_task(worker.run())
     await eventually(lambda: len(ran) == 10, timeout=20, message="all ten running")
