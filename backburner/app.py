@@ -15,6 +15,7 @@ from .backends.base import DEFAULT_TENANT, NewJob, check_tenant, fingerprint, ne
 from .clock import Clock, SystemClock
 from .errors import (
     ConfigurationError,
+    IdempotencyConflictError,
     InvalidInputError,
     JobNotFoundError,
     UnknownTaskError,
@@ -421,7 +422,14 @@ class Backburner:
         if not self._connected:
             await self.connect()
         quota = self.tenants.policy(new.tenant).quota() if limits else None
-        job, created = await self.backend.enqueue(new, quota=quota)
+        try:
+            job, created = await self.backend.enqueue(new, quota=quota)
+        except IdempotencyConflictError as exc:
+            # The key as the caller gave it, not as stored (build_job prefixes a tenant's).
+            prefix = f"{new.tenant}/"
+            if new.tenant == DEFAULT_TENANT or not exc.key.startswith(prefix):
+                raise
+            raise IdempotencyConflictError(exc.key.removeprefix(prefix), exc.task_id) from None
         if created:
             await self.hooks.enqueue(job)
         return job, created

@@ -103,12 +103,17 @@ class JobNotFoundError(BackburnerError):
 
 
 class IdempotencyConflictError(BackburnerError):
-    """The idempotency key is already used by a job with different input."""
+    """The idempotency key is already used by a job with different input, or by a job of
+    another tenant (``task_id`` then ``""``: another tenant's job is never named)."""
 
     def __init__(self, key: str, task_id: str) -> None:
-        super().__init__(
-            f"idempotency key {key!r} is already used by job {task_id} with different input"
-        )
+        if task_id:
+            message = (
+                f"idempotency key {key!r} is already used by job {task_id} with different input"
+            )
+        else:
+            message = f"idempotency key {key!r} is already used by another job"
+        super().__init__(message)
         self.key = key
         self.task_id = task_id
 

@@ -148,6 +148,8 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             raise BackendError(f"a job with id {job.task_id} already exists")
         if job.idempotency_key is not None and job.idempotency_key in self._by_key:
             existing = self._jobs[self._by_key[job.idempotency_key]]
+            if existing.job.tenant != job.tenant:
+                raise IdempotencyConflictError(job.idempotency_key, "")
             if existing.fingerprint != job.fingerprint:
                 raise IdempotencyConflictError(job.idempotency_key, existing.job.task_id)
             return _copy(existing.job), False

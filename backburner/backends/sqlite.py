@@ -179,10 +179,12 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                     raise BackendError(f"a job with id {job.task_id} already exists")
             if job.idempotency_key is not None:
                 row = conn.execute(
-                    f"SELECT {COLUMNS}, fingerprint FROM jobs WHERE idempotency_key = ?",
+                    f"SELECT {COLUMNS}, tenant, fingerprint FROM jobs WHERE idempotency_key = ?",
                     (job.idempotency_key,),
                 ).fetchone()
                 if row is not None:
+                    if row[-2] != job.tenant:
+                        raise IdempotencyConflictError(job.idempotency_key, "")
                     if row[-1] != job.fingerprint:
                         raise IdempotencyConflictError(job.idempotency_key, row[TASK_ID])
                     return row_to_job(row)

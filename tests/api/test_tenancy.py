@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from backburner.errors import IdempotencyConflictError
 from backburner.keys import KeysFile, key_hash
 
 from ..helpers import eventually
@@ -297,6 +298,44 @@ async def test_idempotency_keys_are_per_tenant(tmp_path: Path) -> None:
         assert first.json()["task_id"] != other.json()["task_id"]
         again = await a.post("/v1/tasks", json=body, headers={"Idempotency-Key": "order-1"})
         assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
+
+
+async def test_a_library_key_never_answers_with_a_tenants_job(tmp_path: Path) -> None:
+    # The library's tenant (default) stores its keys as given, a tenant's as "<tenant>/<key>":
+    # the library's "acme/order-1" must not be answered with acme's "order-1".
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a:
+        bb = server.app.state.api.bb
+        body = {"type": "quick", "input": {"seconds": 0.02}}
+        first = await a.post("/v1/tasks", json=body, headers={"Idempotency-Key": "order-1"})
+        assert first.status_code == 202, first.text
+        with pytest.raises(IdempotencyConflictError) as raised:
+            await bb.submit("quick", {"seconds": 0.02}, idempotency_key="acme/order-1")
+        assert raised.value.task_id == "" and first.json()["task_id"] not in str(raised.value)
+        assert len((await bb.list()).jobs) == 1
+        # And the other way round: acme's key finds the library's job, and is refused.
+        await bb.submit("quick", {"seconds": 0.02}, idempotency_key="acme/order-2")
+        taken = await a.post("/v1/tasks", json=body, headers={"Idempotency-Key": "order-2"})
+        message = assert_error(taken, 409, "idempotency_conflict")["message"]
+        assert message == "idempotency key 'order-2' is already used by another job"
+        assert len((await bb.list()).jobs) == 2
+
+
+async def test_a_tenants_conflict_names_its_key_as_given(tmp_path: Path) -> None:
+    async with keyed(tmp_path) as server, as_(server, KEY_A) as a:
+        first = await a.post(
+            "/v1/tasks", json={"type": "quick", "input": {}}, headers={"Idempotency-Key": "o-3"}
+        )
+        again = await a.post(
+            "/v1/tasks",
+            json={"type": "quick", "input": {"seconds": 0.01}},
+            headers={"Idempotency-Key": "o-3"},
+        )
+        message = assert_error(again, 409, "idempotency_conflict")["message"]
+        task_id = first.json()["task_id"]
+        assert (
+            message
+            == f"idempotency key 'o-3' is already used by job {task_id} with different input"
+        )
 
 
 async def test_a_foreign_id_takes_about_as_long_as_a_missing_one(tmp_path: Path) -> None:

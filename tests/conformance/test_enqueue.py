@@ -162,6 +162,29 @@ async def test_same_key_different_fingerprint_conflicts(backend: Backend) -> Non
     assert len((await backend.list_jobs()).jobs) == 1
 
 
+@pytest.mark.parametrize("first, second", [("acme", "default"), ("default", "acme")])
+async def test_a_key_held_by_another_tenants_job_conflicts_naming_no_job(
+    backend: Backend, first: str, second: str
+) -> None:
+    # The same body, so only the tenant tells the two apart: the repeat must not be answered
+    # with the other tenant's job (its input, its result), nor name it.
+    held = await enqueue(backend, payload={"q": 1}, idempotency_key="acme/k", tenant=first)
+    before = await snapshot(backend, held.task_id)
+    other = new_job(payload={"q": 1}, idempotency_key="acme/k", tenant=second)
+    with pytest.raises(IdempotencyConflictError) as raised:
+        await backend.enqueue(other)
+    assert raised.value.key == "acme/k"
+    assert raised.value.task_id == ""
+    assert held.task_id not in str(raised.value)
+    assert await backend.get(other.task_id) is None
+    assert await snapshot(backend, held.task_id) == before
+    assert len((await backend.list_jobs()).jobs) == 1
+    again, created = await backend.enqueue(
+        new_job(payload={"q": 1}, idempotency_key="acme/k", tenant=first)
+    )
+    assert (again.task_id, created) == (held.task_id, False)
+
+
 async def test_different_keys_and_no_key_create_separate_jobs(backend: Backend) -> None:
     a = await enqueue(backend, payload={"q": 1}, idempotency_key="a")
     b = await enqueue(backend, payload={"q": 1}, idempotency_key="b")

@@ -5,13 +5,17 @@
 -- Checks in the order of Backend.enqueue; a refusal writes nothing.
 local id, ty, spec, fp, ik = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local tenant = ARGV[13]
+local tenant_json = cjson.encode(tenant)
 local parent = ARGV[17] ~= '' and ARGV[17] or nil
 if redis.call('EXISTS', jkey(id), skey(id)) > 0 then return {'exists'} end
 if ik ~= '' then
   local other = redis.call('GET', P .. 'k:' .. ik)
   if other then
-    local other_fp = redis.call('HGET', jkey(other), '_fp')
+    local held = redis.call('HMGET', jkey(other), '_fp', 'tenant')
+    local other_fp = held[1]
     if other_fp then
+      -- A key belongs to one tenant: another tenant's job is neither returned nor named.
+      if held[2] ~= tenant_json then return {'conflict', ''} end
       if other_fp ~= fp then return {'conflict', other} end
       -- A write all the same: a WAIT behind this repeat (?replicas=N) waits for the replicas
       -- to have everything written before it, the first enqueue's write included.
@@ -81,7 +85,6 @@ if claimed then
     fields[#fields + 1] = v
   end
 end
-local tenant_json = cjson.encode(tenant)
 redis.call('HSET', j, '_sq', sq, '_ev', ev, '_es', '0', '_ca', now, 'status', status,
   'priority', ARGV[12], 'attempts', attempts, 'fence', attempts, '_ty', ty, '_pq', pq,
   'tenant', tenant_json, '_fc', ARGV[14], unpack(fields))
