@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from .errors import InvalidInputError
 from .models import Usage
@@ -36,9 +37,33 @@ def encode(value: Any, what: str = "value") -> str:
             return int.__repr__(value)  # (ValueError past the interpreter's digit limit)
         if kind is float and math.isfinite(value):
             return float.__repr__(value)
-        return _COMPACT.encode(value)
+        text = _COMPACT.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from None
+    if "\\ud" in text:  # (a character past U+FFFF, written as two escapes, or a lone one)
+        _check_surrogates(text, what)
+    return text
+
+
+def _check_surrogates(text: str, what: str) -> None:
+    """InvalidInputError if ``text`` holds a lone UTF-16 surrogate: Python's json reads one
+    back, but it is not Unicode, and every reader of a stored job (pydantic-core) refuses it,
+    so a job holding one could never be read, listed or run again."""
+    try:
+        from_json(text)
+    except ValueError:
+        raise InvalidInputError(
+            f"{what} holds a lone UTF-16 surrogate (U+D800..U+DFFF outside a pair): "
+            "not valid Unicode"
+        ) from None
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate replaced by U+FFFD (for text of our own making,
+    such as an exception's message, that must be stored whatever it holds)."""
+    if text.isascii():
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def round_trip(value: Any, what: str = "value") -> Any:

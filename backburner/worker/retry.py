@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..backends.base import Fail, Outcome, RetryAt
 from ..errors import PermanentError, ProviderError, Retry
+from ..jsoncodec import valid_unicode
 from ..models import ErrorInfo, Job
 from ..tasks import TaskDefinition
 
@@ -34,22 +35,20 @@ class RetryPolicy:
     ) -> tuple[ErrorInfo, float | None]:
         """The error record for ``exc`` and the delay it asks for (None: use backoff)."""
         if isinstance(exc, ProviderError):
-            error = ErrorInfo(type=exc.code, message=str(exc), retryable=exc.retryable)
-            return error, exc.after
+            return _error(exc.code, str(exc), exc.retryable), exc.after
         if isinstance(exc, Retry):
-            return ErrorInfo(type="retry", message=str(exc), retryable=True), exc.after
+            return _error("retry", str(exc), True), exc.after
         if isinstance(exc, PermanentError):
-            return ErrorInfo(type=_name(exc), message=str(exc), retryable=False), None
+            return _error(_name(exc), str(exc), False), None
         if isinstance(exc, TimeoutError):
-            message = str(exc) or "the attempt timed out"
-            return ErrorInfo(type="timeout", message=message, retryable=True), None
+            return _error("timeout", str(exc) or "the attempt timed out", True), None
         if isinstance(exc, asyncio.CancelledError):  # raised by the handler: interrupted
             message = str(exc) or "the handler raised CancelledError"
-            return ErrorInfo(type="CancelledError", message=message, retryable=True), None
+            return _error("CancelledError", message, True), None
         retryable = True
         if task is not None:
             retryable = isinstance(exc, task.retry_on) and not isinstance(exc, task.permanent_on)
-        return ErrorInfo(type=_name(exc), message=str(exc) or repr(exc), retryable=retryable), None
+        return _error(_name(exc), str(exc) or repr(exc), retryable), None
 
     def after_failure(
         self, job: Job, error: ErrorInfo, delay: float | None, *, now: float
@@ -74,6 +73,12 @@ class RetryPolicy:
             )
             return Fail(late, ttl_s)
         return RetryAt(error, run_at)
+
+
+def _error(type: str, message: str, retryable: bool) -> ErrorInfo:
+    # (an exception's text is whatever the handler made it: one holding a lone surrogate
+    # could not be stored, and the job would fail with no error recorded)
+    return ErrorInfo(type=valid_unicode(type), message=valid_unicode(message), retryable=retryable)
 
 
 def _name(exc: BaseException) -> str:

@@ -110,6 +110,29 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("nan-in-metadata", GENERATE, raw('{"prompt": "x", "metadata": {"x": NaN}}'), 422, None),
     ("infinite-timeout", TASKS, raw('{"type": "quick", "timeout_s": Infinity}'), 422, None),
     ("not-utf-8", TASKS, b'{"type": "qu\xffick"}', 400, "invalid_body"),
+    # A lone surrogate: Python reads the escape, but no reader of a stored job could.
+    (
+        "lone-surrogate-in-input",
+        TASKS,
+        raw(r'{"type": "anything", "input": {"s": "\ud800"}}'),
+        422,
+        "invalid_input",
+    ),
+    (
+        "lone-surrogate-as-a-key",
+        TASKS,
+        raw(r'{"type": "anything", "input": {"\udfff": 1}}'),
+        422,
+        "invalid_input",
+    ),
+    (
+        "lone-surrogate-in-metadata",
+        TASKS,
+        raw(r'{"type": "quick", "metadata": {"m": "x\udc00"}}'),
+        422,
+        "invalid_input",
+    ),
+    ("lone-surrogate-in-a-prompt", GENERATE, raw(r'{"prompt": "hi \udfff"}'), 422, "invalid_input"),
     ("latin-1-prompt", GENERATE, '{"prompt": "caf\u00e9"}'.encode("latin-1"), 400, None),
     ("depth-33-input", TASKS, {"type": "anything", "input": nested(33)}, 422, "invalid_input"),
     ("depth-50-input", TASKS, {"type": "anything", "input": nested(50)}, 422, "invalid_input"),
@@ -159,6 +182,7 @@ async def test_the_limits_themselves_are_accepted(transport: str, tmp_path: Path
             (TASKS, {"type": "quick", "priority": -100}),
             (GENERATE, {"prompt": "x" * 100, "max_tokens": 1000}),
             (GENERATE, {"messages": [{"role": "user", "content": "x" * 40}], "temperature": 2}),
+            (TASKS, {"type": "anything", "input": {"s": "\U0001f600"}}),  # a surrogate pair in JSON
         ]
         for path, body in accepted:
             response = await srv.client.post(path, json=body)

@@ -39,6 +39,34 @@ async def test_a_handler_raising_cancelled_error_is_an_ordinary_failure(backend:
     assert done.history[0].error.type == "CancelledError"
 
 
+async def test_a_lone_surrogate_from_a_handler_is_never_stored(backend: Backend) -> None:
+    # Python's json writes one, but no reader of a stored job could read it back: the job
+    # would be lost to every read, listing and worker.
+    bb = Backburner(backend, settings=FAST)
+
+    @bb.task(max_attempts=1)
+    async def returns_one(ctx: JobContext) -> dict[str, str]:
+        return {"text": "half an emoji: \ud83d"}
+
+    @bb.task(max_attempts=1)
+    async def raises_one(ctx: JobContext) -> None:
+        raise ValueError("bad byte \udcff in the reply")
+
+    async with running_worker(bb):
+        returned = await bb.enqueue("returns_one")
+        raised = await bb.enqueue("raises_one")
+        returned_done = await bb.wait(returned.task_id, timeout=20)
+        raised_done = await bb.wait(raised.task_id, timeout=20)
+    assert returned_done.status == JobStatus.FAILED and returned_done.result is None
+    assert returned_done.error is not None and returned_done.error.type == "invalid_result"
+    assert "lone UTF-16 surrogate" in returned_done.error.message
+    assert raised_done.status == JobStatus.FAILED
+    assert raised_done.error is not None and raised_done.error.type == "ValueError"
+    assert raised_done.error.message.startswith("bad byte \ufffd in the reply")
+    listed = await bb.list(status="failed")
+    assert {job.task_id for job in listed.jobs} == {returned.task_id, raised.task_id}
+
+
 async def test_usage_that_cannot_be_stored_fails_the_job_clearly(backend: Backend) -> None:
     bb = Backburner(backend, settings=FAST)
 
