@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -108,7 +109,8 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             if not _fits(str(f.type), value):
-                raise ConfigurationError(f"{f.name} must be {f.type}, got {value!r}")
+                finite = " (finite)" if str(f.type).startswith("float") else ""
+                raise ConfigurationError(f"{f.name} must be {f.type}{finite}, got {value!r}")
         positive = (
             "concurrency",
             "lease_s",
@@ -226,7 +228,9 @@ def _fits(type_name: str, value: object) -> bool:
     if type_name.startswith("int"):
         return isinstance(value, int)
     if type_name.startswith("float"):
-        return isinstance(value, int | float) and value == value  # NaN is no setting
+        # NaN is no setting, and infinity none either: an infinite lease or TTL would be
+        # written into jobs (as text no JSON reader takes) and every later read would fail.
+        return isinstance(value, int | float) and math.isfinite(value)
     return isinstance(value, str)
 
 

@@ -183,6 +183,19 @@ def test_settings_check_their_types() -> None:
         Settings(concurrency="5")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="lease_s must be float"):
         Settings(lease_s=math.nan)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["lease_s", "webhook_timeout_s", "default_ttl_s", "default_timeout_s", "shutdown_grace_s"],
+)
+def test_an_infinite_setting_fails_at_start(name: str) -> None:
+    # Accepted, an infinite lease was written into the jobs a worker claimed, as text no
+    # reader takes: the job could never be read or swept again.
+    with pytest.raises(ConfigurationError, match=rf"^{name} must be float.* \(finite\), got inf$"):
+        Settings.from_env({f"BACKBURNER_{name.upper()}": "inf"})
+    with pytest.raises(ConfigurationError, match=rf"^{name} must be float"):
+        Settings(**{name: -math.inf})
     with pytest.raises(ConfigurationError, match="backend_url must be str"):
         Settings(backend_url=None)  # type: ignore[arg-type]
 
