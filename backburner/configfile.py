@@ -26,6 +26,10 @@ def load_config(source: str, *, what: str, variable: str) -> dict[str, Any]:
             raise ConfigurationError(
                 f"cannot read the {what} file {path}: {exc.strerror}"
             ) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError(
+                f"cannot read the {what} file {path}: not UTF-8 text (byte {exc.start})"
+            ) from None
         try:
             if path.suffix == ".json":
                 data = json.loads(body)

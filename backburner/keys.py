@@ -100,6 +100,10 @@ class KeysFile:
             return []
         except OSError as exc:
             raise ConfigurationError(f"cannot read the keys file {self.path}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError(
+                f"cannot read the keys file {self.path}: not UTF-8 text (byte {exc.start})"
+            ) from None
         try:
             data = json.loads(text)
             keys = [StoredKey(**entry) for entry in data["keys"]]

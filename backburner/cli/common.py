@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -132,6 +133,14 @@ def settings_for(backend: str | None = None, **overrides: Any) -> Settings:
         raise fail(str(exc), 2) from None
 
 
+def _where(exc: BaseException) -> str:
+    """`` (at FILE:LINE)`` of the innermost frame ``exc`` went through, or nothing."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, SyntaxError) or not frames:
+        return ""
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})"
+
+
 def load_app(path: str | None, settings: Settings, backend: str | None = None) -> Backburner:
     """Import ``module:attribute`` (a Backburner) the way uvicorn imports an app.
 
@@ -155,6 +164,10 @@ def load_app(path: str | None, settings: Settings, backend: str | None = None) -
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+        except Exception as exc:  # its own error (a SyntaxError names its line itself)
+            raise ConfigurationError(
+                f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{_where(exc)}"
+            ) from None
         found = getattr(module, attr, None)
         if not isinstance(found, Backburner):
             raise ConfigurationError(f"{path!r} is not a Backburner instance")

@@ -72,6 +72,8 @@ def _logging(level_name: str, log_format: str = "auto") -> None:
 
 def _check_port(host: str, port: int) -> None:
     """Fail in one line now rather than in uvicorn's log later."""
+    if not 0 < port < 65536:
+        raise fail(f"cannot listen on {host}:{port}: a port is 1..65535", 2)
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

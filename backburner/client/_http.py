@@ -18,7 +18,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from .. import __version__
-from ..errors import InvalidInputError
+from ..errors import ConfigurationError, InvalidInputError
 from ..models import Event, JobStatus
 from ._errors import invalid_response, raise_for_error
 from .models import Submission
@@ -48,6 +48,14 @@ class Call:
         return http.build_request(
             self.method, self.path, params=self.params, json=self.json, headers=self.headers
         )
+
+
+def base_url(url: str | httpx.URL) -> httpx.URL:
+    """``url`` as the client's base; ConfigurationError (one line) if it is malformed."""
+    try:
+        return httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigurationError(f"invalid server URL {str(url)!r}: {exc}") from None
 
 
 def default_headers(api_key: str | None) -> dict[str, str]:

@@ -73,7 +73,7 @@ class AsyncClient:
         self._sleep = sleep or asyncio.sleep
         self._clock = clock or time.monotonic
         self._http = httpx.AsyncClient(
-            base_url=base_url,
+            base_url=_http.base_url(base_url),
             headers=_http.default_headers(api_key),
             timeout=timeout,
             transport=transport,

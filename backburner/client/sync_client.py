@@ -65,7 +65,7 @@ class Client:
         self._sleep = sleep or time.sleep
         self._clock = clock or time.monotonic
         self._http = httpx.Client(
-            base_url=base_url,
+            base_url=_http.base_url(base_url),
             headers=_http.default_headers(api_key),
             timeout=timeout,
             transport=transport,

@@ -206,6 +206,31 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert_one_line_error(run("tasks", "--status", "sleeping"), "unknown status")
 
 
+def test_what_ended_in_a_traceback_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "broken_syntax.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "raises_at_import.py").write_text("import os\nraise RuntimeError('no config')\n")
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert_one_line_error(
+        run("enqueue", "broken_syntax:bb", "x", cwd=tmp_path),
+        "cannot import 'broken_syntax': SyntaxError: invalid syntax (broken_syntax.py, line 1)",
+    )
+    assert_one_line_error(
+        run("worker", "raises_at_import:bb", cwd=tmp_path),
+        f"RuntimeError: no config (at {tmp_path / 'raises_at_import.py'}:2)",
+    )
+    assert_one_line_error(run("serve", "--port", "70000"), "a port is 1..65535")
+    assert_one_line_error(run("worker", "--metrics-port", "-1"), "a port is 1..65535")
+    assert_one_line_error(run("worker", "--models", str(binary)), "not UTF-8 text (byte 0)")
+    keys = {"BACKBURNER_KEYS_FILE": str(binary)}
+    assert_one_line_error(run("api", env=keys), "cannot read the keys file")
+    assert_one_line_error(
+        run("status", "t", "--url", "http://127.0.0.1:abc"),
+        "invalid server URL 'http://127.0.0.1:abc': Invalid port: 'abc'",
+    )
+    assert_one_line_error(run("submit", "hi", "--url", "http://[zz]:80"), "invalid server URL")
+
+
 def _worker_started_line(tmp_path: Path, event_loop: str, *app: str) -> str:
     """Start a worker (of ``app``, else the built-in one on SQLite) with
     BACKBURNER_EVENT_LOOP=event_loop, return its "started" log line once it has logged it, and
