@@ -9,7 +9,6 @@ messages) before anything is stored: one bad request refuses the batch, naming i
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,13 +26,12 @@ from .auth import Caller, scope
 from .errors import error_response
 from .estimates import poll_after
 from .limits import RouteBodyTooLargeError, RouteLimit
-from .routes import Api, IdempotencyKey, authed
+from .routes import Api, IdempotencyKey, authed, check_idempotency_key
 from .schemas import BatchCreate, BatchOptions, BatchRequest, BatchView, RequestCounts
 
 BATCHES = "/v1/batches"
 PAGE = 1000
 JSONL = "application/x-ndjson"
-_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 def batch_body_limit(max_bytes: int) -> RouteLimit:
@@ -229,8 +227,7 @@ class Batches:
     async def submit(
         self, request: Request, caller: Principal, key: str | None
     ) -> tuple[Job, bool]:
-        if key is not None and not _KEY.match(key):
-            raise InvalidInputError("Idempotency-Key must be 1..255 printable ASCII characters")
+        check_idempotency_key(request, key)
         try:
             raw = await request.body()
         except RouteBodyTooLargeError as exc:

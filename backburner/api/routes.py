@@ -62,6 +62,19 @@ IdempotencyKey = Annotated[
         description="Same key and same body: the same task (200). Same key, other body: 409.",
     ),
 ]
+
+
+def check_idempotency_key(request: Request, key: str | None) -> None:
+    """InvalidInputError unless the request has no Idempotency-Key or one valid one (a proxy
+    that adds a second must not decide silently which job a retry maps to)."""
+    if key is None:
+        return
+    if len(request.headers.getlist("idempotency-key")) > 1:
+        raise InvalidInputError("send one Idempotency-Key header, not several")
+    if not _KEY.match(key):
+        raise InvalidInputError("Idempotency-Key must be 1..255 printable ASCII characters")
+
+
 LastEventId = Annotated[
     str | None,
     Header(alias="Last-Event-ID", description="Resume after this event id (SSE reconnects)."),
@@ -126,8 +139,7 @@ class Api:
         model: str | None = None,
         **options: Any,
     ) -> Accepted:
-        if key is not None and not _KEY.match(key):
-            raise InvalidInputError("Idempotency-Key must be 1..255 printable ASCII characters")
+        check_idempotency_key(request, key)
         if task == GENERATE:
             self.check_generation_caps(caller, payload)
         if task == BATCH and has_builtin_batch(self.bb):  # checked request by request there

@@ -121,6 +121,21 @@ async def test_an_invalid_key_is_refused_and_nothing_is_stored(
         assert longest.status_code == 202
 
 
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/batches"])
+async def test_two_keys_in_one_request_are_refused(tmp_path: Path, path: str) -> None:
+    # Which one counted was up to the server: a proxy adding a second header would have
+    # silently changed which job a retry maps to.
+    body = BODY if path == "/v1/tasks" else {"requests": [{"prompt": "hi", "model": "simulated"}]}
+    async with serve("asgi", tmp_path, run_worker=False) as srv:
+        response = await srv.client.post(
+            path, json=body, headers=[("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")]
+        )
+        assert assert_error(response, 422, "invalid_input")["message"] == (
+            "send one Idempotency-Key header, not several"
+        )
+        assert await srv.task_ids() == []
+
+
 async def test_a_full_queue_is_429_but_an_idempotent_repeat_still_answers(
     transport: str, tmp_path: Path
 ) -> None:
