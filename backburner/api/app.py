@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator
+from types import FrameType
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -13,12 +17,44 @@ from .. import __version__
 from ..app import Backburner
 from ..builtin import install_builtin_tasks
 from ..settings import Settings
+from ..worker import Worker
 from .batches import BATCHES, batch_body_limit, build_batch_router
 from .errors import install_error_handlers
 from .limits import BodyLimitMiddleware, SingleQueryValuesMiddleware
 from .routes import Api, build_router
 
 log = logging.getLogger("backburner.api")
+
+
+class _SignalsToWorker:
+    """SIGINT and SIGTERM reach the embedded worker as they reach ``backburner worker``: the
+    first stops its claiming, a second hands its running jobs back at once. The server
+    (uvicorn) took the signals for itself, so the worker heard neither and ran out its whole
+    grace. The server's own handler hears the first signal only: a second would make uvicorn
+    skip the application's shutdown (where the worker winds down) and end in a traceback."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.heard = 0
+        self._loop = asyncio.get_running_loop()
+        self._before: dict[int, Any] = {}
+
+    def __enter__(self) -> _SignalsToWorker:
+        if threading.current_thread() is threading.main_thread():  # (signals reach it only)
+            for which in (signal.SIGINT, signal.SIGTERM):
+                self._before[which] = signal.signal(which, self._forward)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._before.items():
+            signal.signal(number, handler)
+
+    def _forward(self, sig: int, frame: FrameType | None) -> None:
+        self.heard += 1
+        self._loop.call_soon_threadsafe(self.worker.shutdown)
+        handler = self._before[sig]
+        if self.heard == 1 and callable(handler):
+            handler(sig, frame)
 
 
 def create_app(
@@ -45,13 +81,16 @@ def create_app(
         if run_worker:
             worker = bb.worker(concurrency=worker_concurrency or settings.concurrency)
             worker_task = asyncio.create_task(worker.run())
-        try:
-            yield
-        finally:
-            await api.hub.close()
-            if worker is not None and worker_task is not None:
-                worker.shutdown()
-                await worker_task
+        with contextlib.ExitStack() as signals:
+            heard = signals.enter_context(_SignalsToWorker(worker)) if worker else None
+            try:
+                yield
+            finally:
+                await api.hub.close()
+                if worker is not None and worker_task is not None:
+                    if heard is None or not heard.heard:  # (stopping for a reason of its own)
+                        worker.shutdown()
+                    await worker_task
             await bb.close()
 
     app = FastAPI(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from backburner import Backburner
 from backburner.cli.common import YOUNG_GC_THRESHOLD
@@ -157,6 +160,59 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     else:
         assert "a built-in simulator, not a real model" in stdout
         assert "pip install 'backburner[local]'" in stdout and "--models FILE" in stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_to_serve_hands_running_jobs_back_at_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # uvicorn takes the signals: the embedded worker heard neither, and ran out its grace.
+    port, db = _free_port(), f"sqlite:///{tmp_path}/serve.db"
+    argv = [sys.executable, "-m", "backburner", "serve", "tests.workerapp:bb", "--port", str(port)]
+    env = {**os.environ, "BACKBURNER_BACKEND_URL": db, "BACKBURNER_SHUTDOWN_GRACE_S": "60"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.05)
+        body = {"type": "sleepy", "input": {"seconds": 300}}
+        task_id = httpx.post(f"{base}/v1/tasks", json=body).json()["task_id"]
+        while httpx.get(f"{base}/v1/tasks/{task_id}").json()["status"] != "processing":
+            assert time.monotonic() < deadline + 30, "the job did not start"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        with contextlib.suppress(httpx.TransportError):  # (until it stops listening)
+            while httpx.get(f"{base}/readyz").status_code == 200:
+                assert time.monotonic() < deadline + 60, "serve did not begin to stop"
+                time.sleep(0.05)
+    finally:
+        proc.send_signal(sig)
+        started = time.monotonic()
+        _, stderr = proc.communicate(timeout=50)
+    assert time.monotonic() - started < 20, stderr  # not the 60 s grace
+    assert "second shutdown request" in stderr and "Traceback" not in stderr, stderr
+    assert proc.returncode in (0, -sig), stderr
+
+    async def stored() -> Any:
+        bb = Backburner(db)
+        try:
+            return await bb.get(task_id)
+        finally:
+            await bb.close()
+
+    job = asyncio.run(stored())  # handed back, its attempt not charged
+    assert job.status == "queued" and job.attempts == 0, job
+    assert [record.outcome for record in job.history] == ["released"]
 
 
 def test_webhook_secret_prints_a_new_secret_each_time() -> None:
