@@ -83,6 +83,10 @@ class BodyTooLargeError(StarletteHTTPException):
 def _allowed_methods(routes: Sequence[BaseRoute], path: str) -> list[str]:
     methods: set[str] = set()
     for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:  # (FastAPI includes a router lazily: its routes are inside)
+            methods.update(_allowed_methods(included.routes, path))
+            continue
         regex = getattr(route, "path_regex", None)
         if regex is not None and regex.match(path):
             methods |= set(getattr(route, "methods", None) or ())
