@@ -31,7 +31,7 @@ WebhookUrl = Field(default=None, max_length=2048, pattern=r"^https?://")
 class TaskCreate(BaseModel):
     """POST /v1/tasks."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     type: str = Field(min_length=1, max_length=200, description="A registered task name.")
     input: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
@@ -48,7 +48,7 @@ class TaskCreate(BaseModel):
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
@@ -57,7 +57,7 @@ class Message(BaseModel):
 class Generation(BaseModel):
     """What one generation asks for: exactly one of ``prompt`` or ``messages``."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     prompt: str | None = None
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=1000)
@@ -217,7 +217,7 @@ class BatchRequest(Generation):
 class BatchOptions(BaseModel):
     """What applies to a whole batch (POST /v1/batches, beside ``requests``)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     model: str | None = Field(
         default=None,

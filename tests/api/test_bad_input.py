@@ -79,6 +79,14 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
         422,
         "invalid_request",
     ),
+    # Wrong JSON types are refused, not converted (lax pydantic took "3" as 3, true as 1).
+    ("priority-true", TASKS, {"type": "quick", "priority": True}, 422, "invalid_request"),
+    ("priority-a-numeric-string", TASKS, {"type": "quick", "priority": "5"}, 422, None),
+    ("attempts-a-string", TASKS, {"type": "quick", "max_attempts": "3"}, 422, "invalid_request"),
+    ("attempts-a-float", TASKS, {"type": "quick", "max_attempts": 2.0}, 422, "invalid_request"),
+    ("progress-a-string", TASKS, {"type": "quick", "webhook_progress": "false"}, 422, None),
+    ("ttl-a-string", TASKS, {"type": "quick", "ttl_s": "60"}, 422, "invalid_request"),
+    ("temperature-a-string", GENERATE, {"prompt": "x", "temperature": "1"}, 422, None),
     ("unknown-field", TASKS, {"type": "quick", "colour": "red"}, 422, "invalid_request"),
     ("unknown-field-generate", GENERATE, {"prompt": "x", "stream": True}, 422, "invalid_request"),
     (
@@ -178,7 +186,7 @@ async def test_the_limits_themselves_are_accepted(transport: str, tmp_path: Path
     async with serve(transport, tmp_path, run_worker=False, **LIMITS) as srv:
         accepted = [
             (TASKS, {"type": "anything", "input": nested(32), "metadata": nested(32)}),
-            (TASKS, {"type": "quick", "priority": 100}),
+            (TASKS, {"type": "quick", "priority": 100, "ttl_s": 60, "max_attempts": 2}),
             (TASKS, {"type": "quick", "priority": -100}),
             (GENERATE, {"prompt": "x" * 100, "max_tokens": 1000}),
             (GENERATE, {"messages": [{"role": "user", "content": "x" * 40}], "temperature": 2}),
