@@ -118,6 +118,9 @@ def install_error_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
         if broken is not None:
             reason = (broken.get("ctx") or {}).get("error", "it does not parse")
             return error_response(400, "invalid_json", f"the body is not valid JSON: {reason}")
+        if any(tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing" for e in errors):
+            # (as POST /v1/batches answers it: no body is no JSON)
+            return error_response(400, "invalid_json", "the body is empty: send a JSON object")
         problems = []
         for item in errors[:5]:
             loc = tuple(item.get("loc", ()))

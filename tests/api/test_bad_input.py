@@ -44,7 +44,7 @@ def raw(text: str | bytes) -> bytes:
 CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("invalid-json", TASKS, raw('{"type": "quick",'), 400, "invalid_json"),
     ("invalid-json-generate", GENERATE, raw('{"prompt": "x"'), 400, "invalid_json"),
-    ("empty-body", TASKS, raw(""), 422, "invalid_request"),
+    ("empty-body", TASKS, raw(""), 400, "invalid_json"),  # no body is no JSON (as for batches)
     ("json-array", TASKS, raw('[{"type": "quick"}]'), 422, "invalid_request"),
     ("json-array-generate", GENERATE, raw('[{"prompt": "x"}]'), 422, "invalid_request"),
     ("json-string", TASKS, raw('"quick"'), 422, "invalid_request"),
@@ -118,6 +118,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("nan-in-metadata", GENERATE, raw('{"prompt": "x", "metadata": {"x": NaN}}'), 422, None),
     ("infinite-timeout", TASKS, raw('{"type": "quick", "timeout_s": Infinity}'), 422, None),
     ("not-utf-8", TASKS, b'{"type": "qu\xffick"}', 400, "invalid_body"),
+    ("empty-body-generate", GENERATE, b"", 400, "invalid_json"),
     # A lone surrogate: Python reads the escape, but no reader of a stored job could.
     (
         "lone-surrogate-in-input",
