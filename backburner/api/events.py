@@ -117,12 +117,28 @@ def format_event(event: Event) -> str:
     return f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
 
 
+PAST_THE_LOG_POLL_S = 1.0
+
+
+async def _wait_past_the_log(
+    backend: Backend, task_id: str, after: int, keepalive_s: float
+) -> float:
+    """How long a resumed stream with nothing new waits for news: ``keepalive_s``, unless its
+    ``Last-Event-ID`` is past the job's last event. Only a seq past it wakes the hub for such a
+    stream, and none may ever come: such a stream looks at the job again every second, so it
+    still ends when the job does, not at a keep-alive up to ``keepalive_s`` later."""
+    if await backend.events(task_id, after=after - 1, limit=1):
+        return keepalive_s  # (event ``after`` exists: the client is just caught up)
+    return min(keepalive_s, PAST_THE_LOG_POLL_S)
+
+
 async def event_stream(
     hub: EventHub, task_id: str, after: int, *, keepalive_s: float
 ) -> AsyncIterator[str]:
     """The SSE body: stored events after ``after``, then live ones, until the terminal one."""
     backend = hub.backend
     sub = hub.subscribe(task_id, after)
+    wait_s, probed = keepalive_s, after == 0
     try:
         yield "retry: 1000\n\n"
         while True:
@@ -144,7 +160,12 @@ async def event_stream(
                     if not await backend.events(task_id, after=sub.after, limit=1):
                         return  # a resumed stream that has already seen the end
                     continue
-            if not await wait_set(sub.wake, keepalive_s):
+                if not probed:
+                    probed = True
+                    wait_s = await _wait_past_the_log(backend, task_id, after, keepalive_s)
+            else:
+                wait_s, probed = keepalive_s, True  # (the log reaches it)
+            if not await wait_set(sub.wake, wait_s):
                 yield ": keep-alive\n\n"
     finally:
         hub.unsubscribe(sub)

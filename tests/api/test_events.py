@@ -187,6 +187,25 @@ async def test_the_server_frees_streams_as_soon_as_clients_disconnect(tmp_path: 
         assert (await srv.client.post(f"/v1/tasks/{task_id}/cancel")).status_code == 200
 
 
+async def test_a_stream_resumed_past_the_log_still_ends_with_its_job(tmp_path: Path) -> None:
+    # Only a seq past its Last-Event-ID woke it, and none came: it ran on to the keep-alive.
+    async with serve("live", tmp_path, sse_keepalive_s=60) as srv:
+        task_id = await srv.submit("hold", {"seconds": 60})
+        await srv.wait_started(task_id)
+        headers = {"Last-Event-ID": "999"}
+        async with (
+            asyncio.timeout(30),  # (not the 60 s keep-alive)
+            srv.client.stream("GET", f"/v1/tasks/{task_id}/events", headers=headers) as response,
+        ):
+            assert response.status_code == 200
+            await wait_for_subscriptions(srv, 1)
+            cancel = await srv.client.post(f"/v1/tasks/{task_id}/cancel")
+            assert cancel.status_code == 200
+            items = [item async for item in parse_sse(response)]
+        assert [item for item in items if item.comment is None] == []  # all at or before 999
+        await wait_for_subscriptions(srv, 0)
+
+
 async def test_an_idle_stream_sends_keep_alive_comments_until_the_end(tmp_path: Path) -> None:
     async with serve("live", tmp_path, sse_keepalive_s=0.2) as srv:
         task_id = await srv.submit("hold", {"seconds": 60})

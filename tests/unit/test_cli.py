@@ -114,6 +114,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_until_serving(proc: subprocess.Popen[str], port: int) -> float:
+    """Until ``serve`` on ``port`` answers /readyz (30 s at most); returns when it did."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return time.monotonic()
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+        time.sleep(0.05)
+
+
 def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = _free_port()
     proc = subprocess.Popen(
@@ -133,15 +146,7 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.05)
+        _wait_until_serving(proc, port)
         accepted = httpx.post(
             f"http://127.0.0.1:{port}/v1/generate", json={"prompt": "hi", "max_tokens": 3}
         )
@@ -176,24 +181,16 @@ def test_a_second_signal_to_serve_hands_running_jobs_back_at_once(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.05)
+        ready = _wait_until_serving(proc, port)
         body = {"type": "sleepy", "input": {"seconds": 300}}
         task_id = httpx.post(f"{base}/v1/tasks", json=body).json()["task_id"]
         while httpx.get(f"{base}/v1/tasks/{task_id}").json()["status"] != "processing":
-            assert time.monotonic() < deadline + 30, "the job did not start"
+            assert time.monotonic() < ready + 30, "the job did not start"
             time.sleep(0.05)
         proc.send_signal(sig)
         with contextlib.suppress(httpx.TransportError):  # (until it stops listening)
             while httpx.get(f"{base}/readyz").status_code == 200:
-                assert time.monotonic() < deadline + 60, "serve did not begin to stop"
+                assert time.monotonic() < ready + 60, "serve did not begin to stop"
                 time.sleep(0.05)
     finally:
         proc.send_signal(sig)
