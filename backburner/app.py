@@ -21,7 +21,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .hooks import HookChain, Hooks
-from .jsoncodec import round_trip
+from .jsoncodec import is_unicode, round_trip
 from .models import Event, Job, JobStatus, WebhookDelivery
 from .observability.metrics import Metrics
 from .observability.tracing import Tracing
@@ -318,14 +318,19 @@ class Backburner:
         deadline_s = deadline if deadline is not None else definition.deadline_s
         _positive("deadline", deadline_s)
         if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= MAX_KEY_LENGTH
+            not isinstance(idempotency_key, str)
+            or not 0 < len(idempotency_key) <= MAX_KEY_LENGTH
+            or not is_unicode(idempotency_key)
         ):
             raise InvalidInputError(
                 f"idempotency_key must be a string of 1..{MAX_KEY_LENGTH} characters"
+                " (Unicode: no lone UTF-16 surrogate)"
             )
         if webhook_url is not None:
-            if not isinstance(webhook_url, str) or not webhook_url.startswith(
-                ("http://", "https://")
+            if (
+                not isinstance(webhook_url, str)
+                or not webhook_url.startswith(("http://", "https://"))
+                or not is_unicode(webhook_url)
             ):
                 raise InvalidInputError("webhook_url must be an http:// or https:// URL")
             # Checked again, with DNS, when each delivery connects (ssrf.resolve_safe).

@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, InvalidInputError
+from .jsoncodec import is_unicode
 from .models import Job, Progress
 from .observability.tracing import Tracing
 
@@ -132,9 +133,15 @@ class JobContext:
 
         Raises LeaseLostError once the job was cancelled or taken over.
         """
-        if not isinstance(type, str) or not type or type in RESERVED_EVENT_TYPES:
+        if (
+            not isinstance(type, str)
+            or not type
+            or type in RESERVED_EVENT_TYPES
+            or not is_unicode(type)
+        ):
             raise InvalidInputError(
-                f"event type must be a non-empty string other than {sorted(RESERVED_EVENT_TYPES)}"
+                f"event type must be a non-empty string (Unicode) other than"
+                f" {sorted(RESERVED_EVENT_TYPES)}"
             )
         return await self._backend.append_event(
             self.job_id, self.fence, type, data, now=self._clock.now()

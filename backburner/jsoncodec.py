@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import from_json
 
 from .errors import InvalidInputError
 from .models import Usage
@@ -45,17 +45,25 @@ def encode(value: Any, what: str = "value") -> str:
     return text
 
 
+# An escape in the encoder's text, in order (so an escaped backslash is one escape): a
+# surrogate pair (a character past U+FFFF), a lone surrogate (group 1), or any other one.
+_ESCAPE = re.compile(r"\\(?:ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}|u(d[89a-f][0-9a-f]{2})|.)")
+
+
 def _check_surrogates(text: str, what: str) -> None:
     """InvalidInputError if ``text`` holds a lone UTF-16 surrogate: Python's json reads one
     back, but it is not Unicode, and every reader of a stored job (pydantic-core) refuses it,
     so a job holding one could never be read, listed or run again."""
-    try:
-        from_json(text)
-    except ValueError:
+    if any(m.group(1) for m in _ESCAPE.finditer(text)):
         raise InvalidInputError(
             f"{what} holds a lone UTF-16 surrogate (U+D800..U+DFFF outside a pair): "
             "not valid Unicode"
-        ) from None
+        )
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode: no lone UTF-16 surrogate (which no JSON reader takes)."""
+    return text.isascii() or valid_unicode(text) == text
 
 
 def valid_unicode(text: str) -> str:

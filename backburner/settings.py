@@ -230,7 +230,10 @@ def _fits(type_name: str, value: object) -> bool:
     if type_name.startswith("float"):
         # NaN is no setting, and infinity none either: an infinite lease or TTL would be
         # written into jobs (as text no JSON reader takes) and every later read would fail.
-        return isinstance(value, int | float) and math.isfinite(value)
+        try:
+            return isinstance(value, int | float) and math.isfinite(value)
+        except OverflowError:  # (an int past any float)
+            return False
     return isinstance(value, str)
 
 

@@ -63,10 +63,16 @@ def create_app(
     backburner: Backburner | None = None,
     run_worker: bool = False,
     worker_concurrency: int | None = None,
+    signals_to_worker: bool = False,
 ) -> FastAPI:
     """The HTTP API over ``backburner`` (default: the built-in tasks on settings.backend_url).
 
-    With ``run_worker`` a worker runs in the same process (``backburner serve``).
+    With ``run_worker`` a worker runs in the same process (``backburner serve``). With
+    ``signals_to_worker`` too, SIGINT and SIGTERM reach that worker while the app runs (the
+    first stops its claiming, a second hands its jobs back): for a server of one process
+    that gets each signal once, as ``backburner serve`` runs uvicorn. Under ``uvicorn
+    --workers`` or ``--reload`` a Ctrl-C reaches each server process twice (the terminal's
+    SIGINT, then the supervisor's SIGTERM), which would count as a second signal.
     """
     settings = settings or (backburner.settings if backburner else Settings.from_env())
     bb = backburner or Backburner(settings=settings)
@@ -82,7 +88,9 @@ def create_app(
             worker = bb.worker(concurrency=worker_concurrency or settings.concurrency)
             worker_task = asyncio.create_task(worker.run())
         with contextlib.ExitStack() as signals:
-            heard = signals.enter_context(_SignalsToWorker(worker)) if worker else None
+            heard = None
+            if worker is not None and signals_to_worker:
+                heard = signals.enter_context(_SignalsToWorker(worker))
             try:
                 yield
             finally:

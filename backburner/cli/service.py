@@ -179,7 +179,11 @@ def _serve_http(
         soft_wrap=True,
     )
     app = create_app(
-        settings, backburner=bb, run_worker=run_worker, worker_concurrency=settings.concurrency
+        settings,
+        backburner=bb,
+        run_worker=run_worker,
+        worker_concurrency=settings.concurrency,
+        signals_to_worker=True,  # (uvicorn.run below: one process, which takes the signals)
     )
     tune_gc()
     # Open event streams would hold a shutdown for as long as their jobs run: after a few

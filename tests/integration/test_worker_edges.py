@@ -13,7 +13,7 @@ from backburner import Backburner, Hooks, Job
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Outcome
 from backburner.context import JobContext
-from backburner.errors import BackendError
+from backburner.errors import BackendError, InvalidInputError
 from backburner.models import JobStatus
 from backburner.worker import runner
 
@@ -52,11 +52,22 @@ async def test_a_lone_surrogate_from_a_handler_is_never_stored(backend: Backend)
     async def raises_one(ctx: JobContext) -> None:
         raise ValueError("bad byte \udcff in the reply")
 
+    @bb.task(max_attempts=1)
+    async def emits_one(ctx: JobContext) -> str:
+        with pytest.raises(InvalidInputError, match="Unicode"):
+            await ctx.emit("tick\ud800", {})
+        with pytest.raises(InvalidInputError, match="lone UTF-16 surrogate"):
+            await ctx.emit("tick", {"text": "\ud800"})
+        return "refused"
+
     async with running_worker(bb):
         returned = await bb.enqueue("returns_one")
         raised = await bb.enqueue("raises_one")
+        emitted = await bb.enqueue("emits_one")
         returned_done = await bb.wait(returned.task_id, timeout=20)
         raised_done = await bb.wait(raised.task_id, timeout=20)
+        emitted_done = await bb.wait(emitted.task_id, timeout=20)
+    assert (emitted_done.status, emitted_done.result) == (JobStatus.COMPLETED, "refused")
     assert returned_done.status == JobStatus.FAILED and returned_done.result is None
     assert returned_done.error is not None and returned_done.error.type == "invalid_result"
     assert "lone UTF-16 surrogate" in returned_done.error.message

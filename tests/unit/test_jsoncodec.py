@@ -44,6 +44,13 @@ def test_characters_past_the_bmp_are_stored_and_read_back() -> None:
     assert from_json(text) == {"s": "😀 \\ud800 é"}
 
 
+def test_deep_text_with_pairs_is_not_taken_for_a_lone_surrogate() -> None:
+    deep: object = "😀"
+    for _ in range(250):  # (deeper than pydantic-core parses: not how a surrogate is found)
+        deep = [deep]
+    assert encode(deep) == REFERENCE.encode(deep)
+
+
 def test_valid_unicode_replaces_only_lone_surrogates() -> None:
     assert valid_unicode("ok é 😀") == "ok é 😀"
     assert valid_unicode("a\ud800b\udfff") == "a\ufffdb\ufffd"

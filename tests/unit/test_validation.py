@@ -71,6 +71,9 @@ BAD_ENQUEUES: list[tuple[str, Any, dict[str, Any], type[Exception], str]] = [
     ("summarize", {"text": "x"}, {"delay": -1}, InvalidInputError, "delay must be"),
     ("summarize", {"text": "x"}, {"delay": 1, "run_at": 5.0}, InvalidInputError, "not both"),
     ("summarize", {"text": "x"}, {"idempotency_key": ""}, InvalidInputError, "idempotency_key"),
+    # A lone surrogate is not Unicode: SQLite refused it untyped, the memory backend kept it.
+    ("summarize", {"text": "x"}, {"idempotency_key": "k\ud800"}, InvalidInputError, "surrogate"),
+    ("summarize", {"text": "x"}, {"webhook_url": "https://h/\udfff"}, InvalidInputError, "webhook"),
     ("summarize", {"text": "x"}, {"metadata": "m"}, InvalidInputError, "metadata must be"),
     ("summarize", {"text": "x"}, {"webhook_url": "ftp://x"}, InvalidInputError, "webhook_url"),
 ]
@@ -183,6 +186,8 @@ def test_settings_check_their_types() -> None:
         Settings(concurrency="5")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="lease_s must be float"):
         Settings(lease_s=math.nan)
+    with pytest.raises(ConfigurationError, match="lease_s must be float"):
+        Settings(lease_s=10**400)  # (an int no float holds: not an OverflowError)
 
 
 @pytest.mark.parametrize(
