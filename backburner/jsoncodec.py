@@ -12,6 +12,11 @@ from pydantic import ValidationError
 from .errors import InvalidInputError
 from .models import Usage
 
+MAX_DEPTH = 128
+"""How deeply objects and arrays may nest in a stored value. pydantic-core, which reads every
+stored job, stops at about 200 levels (a job's document wraps the value in one or two more):
+deeper, a job would be stored and then no read, listing or worker could take it back."""
+
 # Built once: json.dumps with any option builds a new encoder per call (a third of its time).
 _COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
@@ -42,6 +47,13 @@ def encode(value: Any, what: str = "value") -> str:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from None
     if "\\ud" in text:  # (a character past U+FFFF, written as two escapes, or a lone one)
         _check_surrogates(text, what)
+    # Nesting past MAX_DEPTH takes that many opening brackets: only then walk the value.
+    if (
+        len(text) > 2 * MAX_DEPTH
+        and text.count("[") + text.count("{") > MAX_DEPTH
+        and depth(value) > MAX_DEPTH
+    ):
+        raise InvalidInputError(f"{what} nests deeper than {MAX_DEPTH} levels")
     return text
 
 

@@ -140,6 +140,13 @@ class Settings:
                 raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.retry_base_s < 0 or self.shutdown_grace_s < 0:
             raise ConfigurationError("retry_base_s and shutdown_grace_s must be >= 0")
+        from .jsoncodec import MAX_DEPTH
+
+        if self.max_json_depth > MAX_DEPTH:
+            raise ConfigurationError(
+                f"max_json_depth must be at most {MAX_DEPTH} (what a stored job may hold),"
+                f" got {self.max_json_depth}"
+            )
         if self.heartbeat_s >= self.lease_s:
             raise ConfigurationError(
                 f"heartbeat_s ({self.heartbeat_s}) must be shorter than lease_s ({self.lease_s})"

@@ -78,6 +78,27 @@ async def test_a_lone_surrogate_from_a_handler_is_never_stored(backend: Backend)
     assert {job.task_id for job in listed.jobs} == {returned.task_id, raised.task_id}
 
 
+async def test_a_result_nested_past_what_readers_take_fails_the_job(backend: Backend) -> None:
+    # Stored, it could never be read back (pydantic-core reads about 200 levels): on Redis
+    # every read and listing of the job failed.
+    bb = Backburner(backend, settings=FAST)
+
+    @bb.task(max_attempts=1)
+    async def deep(ctx: JobContext) -> object:
+        result: object = "bottom"
+        for _ in range(250):
+            result = [result]
+        return result
+
+    async with running_worker(bb):
+        job = await bb.enqueue("deep")
+        done = await bb.wait(job.task_id, timeout=20)
+    assert done.status == JobStatus.FAILED and done.result is None
+    assert done.error is not None and done.error.type == "invalid_result"
+    assert "nests deeper than 128 levels" in done.error.message
+    assert [j.task_id for j in (await bb.list(status="failed")).jobs] == [job.task_id]
+
+
 async def test_usage_that_cannot_be_stored_fails_the_job_clearly(backend: Backend) -> None:
     bb = Backburner(backend, settings=FAST)
 

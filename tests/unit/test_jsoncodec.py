@@ -11,7 +11,7 @@ import pytest
 from pydantic_core import from_json
 
 from backburner.errors import InvalidInputError
-from backburner.jsoncodec import encode, valid_unicode
+from backburner.jsoncodec import MAX_DEPTH, encode, valid_unicode
 
 REFERENCE = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # Every ASCII character (controls, quote, backslash, DEL), and some that are not ASCII.
@@ -44,11 +44,22 @@ def test_characters_past_the_bmp_are_stored_and_read_back() -> None:
     assert from_json(text) == {"s": "😀 \\ud800 é"}
 
 
-def test_deep_text_with_pairs_is_not_taken_for_a_lone_surrogate() -> None:
-    deep: object = "😀"
-    for _ in range(250):  # (deeper than pydantic-core parses: not how a surrogate is found)
-        deep = [deep]
-    assert encode(deep) == REFERENCE.encode(deep)
+def nested(levels: int, leaf: object = "😀") -> object:
+    for _ in range(levels):
+        leaf = [leaf] if levels % 2 else {"k": leaf}
+    return leaf
+
+
+def test_a_value_nested_past_what_readers_take_is_refused() -> None:
+    # pydantic-core reads about 200 levels: deeper, a stored job could never be read back.
+    for levels in (MAX_DEPTH, MAX_DEPTH - 1):
+        assert from_json(encode(nested(levels), "result")) == nested(levels)
+    for levels in (MAX_DEPTH + 1, MAX_DEPTH + 2, 250):
+        with pytest.raises(InvalidInputError, match=rf"^result nests deeper than {MAX_DEPTH}"):
+            encode(nested(levels), "result")
+    # Many brackets side by side are not deep.
+    wide = [{"a": [1]} for _ in range(1000)]
+    assert encode(wide) == REFERENCE.encode(wide)
 
 
 def test_valid_unicode_replaces_only_lone_surrogates() -> None:
