@@ -332,7 +332,7 @@ class Backburner:
                 or not webhook_url.startswith(("http://", "https://"))
                 or not is_unicode(webhook_url)
             ):
-                raise InvalidInputError("webhook_url must be an http:// or https:// URL")
+                raise InvalidInputError("webhook_url must be an http:// or https:// URL (Unicode)")
             # Checked again, with DNS, when each delivery connects (ssrf.resolve_safe).
             check_url(webhook_url, allow=self.settings.allowed_webhook_hosts())
         if not isinstance(webhook_progress, bool):

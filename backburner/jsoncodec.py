@@ -8,14 +8,17 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from .errors import InvalidInputError
 from .models import Usage
 
-MAX_DEPTH = 128
+MAX_DEPTH = 192
 """How deeply objects and arrays may nest in a stored value. pydantic-core, which reads every
-stored job, stops at about 200 levels (a job's document wraps the value in one or two more):
-deeper, a job would be stored and then no read, listing or worker could take it back."""
+stored job, stops at 201 levels, and a document wraps a value in one more (the job, the
+event): deeper, a job would be stored and then no read, listing or worker could take it back.
+The margin leaves room for what wraps a value before it is stored (a pipeline's record of
+its children's results adds two levels to theirs)."""
 
 # Built once: json.dumps with any option builds a new encoder per call (a third of its time).
 _COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
@@ -43,6 +46,8 @@ def encode(value: Any, what: str = "value") -> str:
         if kind is float and math.isfinite(value):
             return float.__repr__(value)
         text = _COMPACT.encode(value)
+    except RecursionError:  # (nested past the interpreter's own limit, about 1,000)
+        raise InvalidInputError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from None
     if "\\ud" in text:  # (a character past U+FFFF, written as two escapes, or a lone one)
@@ -65,7 +70,14 @@ _ESCAPE = re.compile(r"\\(?:ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}|u(d[89a-f][0
 def _check_surrogates(text: str, what: str) -> None:
     """InvalidInputError if ``text`` holds a lone UTF-16 surrogate: Python's json reads one
     back, but it is not Unicode, and every reader of a stored job (pydantic-core) refuses it,
-    so a job holding one could never be read, listed or run again."""
+    so a job holding one could never be read, listed or run again. pydantic-core's own parse
+    goes first (several times faster than the scan of the escapes, done in Python): only what
+    it refuses is scanned, as it also refuses text nested too deeply, left to encode."""
+    try:
+        from_json(text)
+        return
+    except ValueError:
+        pass
     if any(m.group(1) for m in _ESCAPE.finditer(text)):
         raise InvalidInputError(
             f"{what} holds a lone UTF-16 surrogate (U+D800..U+DFFF outside a pair): "
@@ -113,7 +125,7 @@ def depth(value: Any) -> int:
         item, level = stack.pop()
         if isinstance(item, dict):
             children: Any = item.values()
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):  # (the encoder writes a tuple as an array)
             children = item
         else:
             continue

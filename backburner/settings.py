@@ -144,7 +144,7 @@ class Settings:
 
         if self.max_json_depth > MAX_DEPTH:
             raise ConfigurationError(
-                f"max_json_depth must be at most {MAX_DEPTH} (what a stored job may hold),"
+                f"max_json_depth must be at most {MAX_DEPTH} (what a stored value may hold),"
                 f" got {self.max_json_depth}"
             )
         if self.heartbeat_s >= self.lease_s:

@@ -51,12 +51,19 @@ def nested(levels: int, leaf: object = "😀") -> object:
 
 
 def test_a_value_nested_past_what_readers_take_is_refused() -> None:
-    # pydantic-core reads about 200 levels: deeper, a stored job could never be read back.
+    # pydantic-core reads 201 levels: deeper, a stored job could never be read back.
     for levels in (MAX_DEPTH, MAX_DEPTH - 1):
-        assert from_json(encode(nested(levels), "result")) == nested(levels)
-    for levels in (MAX_DEPTH + 1, MAX_DEPTH + 2, 250):
+        text = encode(nested(levels), "result")
+        assert from_json(text) == nested(levels)
+        assert from_json('{"a":{"b":[' + text + "]}}")  # (room for what wraps it)
+    for levels in (MAX_DEPTH + 1, MAX_DEPTH + 2, 250, 5000):  # (5000: past Python's own limit)
         with pytest.raises(InvalidInputError, match=rf"^result nests deeper than {MAX_DEPTH}"):
             encode(nested(levels), "result")
+    deep_tuples: object = "x"
+    for _ in range(250):
+        deep_tuples = (deep_tuples,)  # (the encoder writes a tuple as an array)
+    with pytest.raises(InvalidInputError, match="nests deeper"):
+        encode(deep_tuples)
     # Many brackets side by side are not deep.
     wide = [{"a": [1]} for _ in range(1000)]
     assert encode(wide) == REFERENCE.encode(wide)
