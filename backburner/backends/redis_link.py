@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from ..aio import wait_set
 from ..errors import BackendConnectionError, BackendError, NotPrimaryError, NotReplicatedError
-from .redis_pipe import Arg, Pipe
+from .redis_pipe import Arg, Pipe, hang_up
 
 log = logging.getLogger("backburner.redis")
 
@@ -155,7 +155,7 @@ class _Lane:
                 break
             # A failover was announced while it connected: it may have gone to the old
             # primary. Once more (the address is asked again).
-            await connection.disconnect(nowait=True)
+            await hang_up(connection)
             await link.pool.release(connection)
         else:
             raise BackendConnectionError(f"Redis at {link.where}: the primary is moving")
@@ -259,7 +259,7 @@ class RedisLink:
 
     async def release(self, pipe: Pipe) -> None:
         """Close a pipe's connection and give it back to the pool."""
-        await pipe.connection.disconnect(nowait=True)
+        await hang_up(pipe.connection)
         await self.pool.release(pipe.connection)
 
     def refused(self, reply: str = "") -> None:
@@ -404,7 +404,7 @@ class Dedicated:
                 self.connection = connection
                 return connection
             # Dropped for a failover while it connected: maybe to the old primary. Again.
-            await connection.disconnect(nowait=True)
+            await hang_up(connection)
             await self._pool.release(connection)
         raise RedisConnectionError("the primary is moving")
 
@@ -412,7 +412,7 @@ class Dedicated:
         self._dropped += 1
         connection, self.connection = self.connection, None
         if connection is not None:
-            await connection.disconnect(nowait=True)
+            await hang_up(connection)
             await self._pool.release(connection)
 
     async def serve(
@@ -443,7 +443,7 @@ class Dedicated:
         self.closing = True
         self._closed.set()
         if self.connection is not None:
-            await self.connection.disconnect(nowait=True)
+            await hang_up(self.connection)
         elif reader is not None:
             reader.cancel()  # connecting or backing off, not reading: a cancel is clean
         if reader is not None:

@@ -231,7 +231,7 @@ class Pipe:
         for future in waiting:
             if future is not None and not future.done():
                 future.set_exception(error)
-        self._transport.close()
+        self._transport.abort()
         self.closed.set_result(None)
 
 
@@ -242,6 +242,16 @@ def _refusal(where: str, reply: object) -> str:
             "named by redis+cluster://host:port"
         )
     return f"Redis at {where} is a replica now: {reply}"
+
+
+async def hang_up(connection: AbstractConnection) -> None:
+    """Close ``connection`` at once. A TLS connection closed politely sends close_notify and
+    stays open until Redis answers: a loop that ends meanwhile (an app's close, then
+    asyncio.run's end) finds it still open, and warns of it, on a busy machine."""
+    writer = connection._writer
+    if writer is not None:
+        writer.transport.abort()
+    await connection.disconnect(nowait=True)
 
 
 def take_over(

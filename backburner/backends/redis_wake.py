@@ -163,7 +163,7 @@ class WakeChannel:
             await lost
         finally:
             self._transport = None
-            transport.close()
+            transport.abort()
             # Waiters look again (and see the error) rather than wait for a lost channel; a
             # close_inbox waiting for its confirmation has it (no subscription is left).
             self._subscribed.clear()
