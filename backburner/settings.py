@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigurationError
+from .jsoncodec import MAX_DEPTH
 
 DEFAULT_BACKEND_URL = "sqlite:///backburner.db"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -140,8 +141,6 @@ class Settings:
                 raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.retry_base_s < 0 or self.shutdown_grace_s < 0:
             raise ConfigurationError("retry_base_s and shutdown_grace_s must be >= 0")
-        from .jsoncodec import MAX_DEPTH
-
         if self.max_json_depth > MAX_DEPTH:
             raise ConfigurationError(
                 f"max_json_depth must be at most {MAX_DEPTH} (what a stored value may hold),"
