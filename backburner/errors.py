@@ -6,7 +6,8 @@ The tree::
     ├── ConfigurationError          a bad setting or backend URL
     │   └── MissingDependencyError  an optional extra is not installed
     ├── BackendError                the storage failed (corrupt file, unwritable path, lost server)
-    │   └── BackendConnectionError  the connection broke mid-command: did it take effect? unknown
+    │   ├── BackendConnectionError  the connection broke mid-command: did it take effect? unknown
+    │   └── CorruptRecordError      a stored job no reader can read back (damaged, or foreign)
     ├── InvalidInputError           a bad argument to enqueue: input, priority, ttl, ...
     │   ├── UnknownTaskError        no task registered under that name
     │   └── UnsafeURLError          a webhook URL that reaches a private or internal address
@@ -44,7 +45,8 @@ Handlers may raise any exception; only ``TaskError`` subclasses carry instructio
 
 The HTTP client (``backburner.client``) raises the library class that matches the error type
 on the wire (``JobNotFoundError`` for 404, ``IdempotencyConflictError``, ``InvalidTransitionError``,
-``InvalidInputError`` / ``UnknownTaskError``, ``QueueFullError``, ``BackendError`` for 503); each
+``InvalidInputError`` / ``UnknownTaskError``, ``QueueFullError``, ``BackendError`` for 503,
+``CorruptRecordError`` for 500 ``corrupt_record``); each
 of those is then also an ``APIError``, so ``except APIError`` catches every error answer.
 """
 
@@ -67,6 +69,21 @@ class MissingDependencyError(ConfigurationError):
 
 class BackendError(BackburnerError):
     """The backend could not be opened, read or written."""
+
+
+class CorruptRecordError(BackendError):
+    """A stored job could not be read back: its record was damaged (by hand, by a disk) or was
+    written by software that stores what this release cannot read.
+
+    A worker that meets one fails it (error type ``corrupt_record``) instead of running it, and
+    goes on; a listing leaves it out; reading it alone raises this. ``task_id``: the job's id,
+    or None if even that could not be read."""
+
+    def __init__(self, task_id: str | None, reason: str) -> None:
+        self.task_id = task_id
+        self.reason = reason
+        job = "a job" if task_id is None else f"job {task_id}"
+        super().__init__(f"{job}: its stored record cannot be read ({reason})")
 
 
 class BackendConnectionError(BackendError):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import CorruptRecordError
 
 
 class JobStatus(StrEnum):
@@ -204,7 +207,10 @@ def stored_job(document: str | bytes) -> Job:
     of the set's own size (2.2 KB for a job's 32 fields), a worker running 10,000 jobs
     held 22 MB. Sharing is safe as the models are frozen: nothing adds to the set in place
     (pydantic's copies, and ``replaced``, make a new set)."""
-    job = Job.model_validate_json(document)
+    try:
+        job = Job.model_validate_json(document)
+    except ValueError as exc:  # (pydantic's ValidationError is one)
+        raise _unreadable(document, exc) from None
     object.__setattr__(job, "__pydantic_fields_set__", _JOB_FIELDS)
     progress = job.progress
     if progress is not NO_PROGRESS and progress.percent == 0 and progress.message is None:
@@ -212,6 +218,26 @@ def stored_job(document: str | bytes) -> Job:
     for record in job.history:
         object.__setattr__(record, "__pydantic_fields_set__", _RECORD_FIELDS)
     return job
+
+
+# Every backend's document of a job starts with its id (a task id is an identifier: no quote,
+# no backslash), so the id of a record that does not parse is still found.
+_LEADING_ID = re.compile(rb'^\{\s*"task_id"\s*:\s*"([^"\\]{1,200})"')
+
+
+def _unreadable(document: str | bytes, exc: ValueError) -> CorruptRecordError:
+    """The error for a stored job that does not parse: its id if it shows, and the first
+    thing wrong with it (never the record's text: it may hold a tenant's data)."""
+    raw = document.encode() if isinstance(document, str) else document
+    found = _LEADING_ID.match(raw)
+    task_id = found.group(1).decode(errors="replace") if found else None
+    if isinstance(exc, ValidationError) and exc.error_count():
+        first = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        reason = f"{where}: {first['msg']}" if where else first["msg"]
+    else:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return CorruptRecordError(task_id, reason)
 
 
 def checked_job(members: dict[str, Any]) -> Job:

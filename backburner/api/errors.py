@@ -17,6 +17,7 @@ from ..errors import (
     AuthError,
     BackburnerError,
     BackendError,
+    CorruptRecordError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
@@ -46,6 +47,7 @@ _MAPPING: list[tuple[type[BackburnerError], int, str]] = [
     (IdempotencyConflictError, 409, "idempotency_conflict"),
     (InvalidTransitionError, 409, "invalid_state"),
     (QueueFullError, 429, "queue_full"),
+    (CorruptRecordError, 500, "corrupt_record"),
     (BackendError, 503, "backend_unavailable"),
 ]
 

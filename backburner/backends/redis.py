@@ -17,8 +17,10 @@ from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from typing import Any, NoReturn
 
 from ..errors import (
+    BackburnerError,
     BackendError,
     ConfigurationError,
+    CorruptRecordError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
@@ -52,7 +54,6 @@ from .redis_catalog import (
 from .redis_codec import (
     NextClaimTexts,
     decode_job,
-    decode_jobs,
     new_job_fields,
     new_job_spec,
     number,
@@ -75,6 +76,7 @@ from .redis_waiting import RedisWaiting
 from .redis_wake import WakeChannel
 from .redis_watch import StreamWatcher
 from .redis_webhooks import RedisWebhookOutbox
+from .unreadable import decode_each, fail_unreadable
 from .urls import connection_hint
 
 log = logging.getLogger("backburner.redis")
@@ -238,6 +240,35 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         scripts that found out at once all call this)."""
         if self._store_check is None or self._store_check.done():
             self._store_check = self._on_the_side(self._check_store())
+
+    async def _taken(self, documents: Sequence[Any], now: float) -> list[Job]:
+        """The jobs of documents a claim took for this worker; those that cannot be read are
+        failed (corrupt_record), not returned: one must not stop the worker."""
+        jobs, unreadable = decode_each([doc for doc in documents if doc], decode_job)
+        for exc in unreadable:
+            await self._fail_unreadable(exc, now)
+        return jobs
+
+    def _taken_one(self, document: bytes, now: float) -> Job | None:
+        """``_taken`` of one document, for a callback: an unreadable one is failed aside."""
+        try:
+            return decode_job(document)
+        except CorruptRecordError as exc:
+            self._on_the_side(self._fail_unreadable(exc, now))
+            return None
+
+    async def _fail_unreadable(self, exc: CorruptRecordError, now: float) -> None:
+        """Fail a job this worker holds whose record cannot be read, under the fence its
+        hash holds (the document that told its id did not parse)."""
+        fence = None
+        if exc.task_id is not None:
+            try:
+                held = await self._read("HGET", self._p + "j:" + exc.task_id, "fence")
+            except BackburnerError as failed:
+                log.error("%s; its fence could not be read (%s)", exc, failed)
+                return
+            fence = int(held) if held is not None and held.isdigit() else None
+        await fail_unreadable(self, exc, fence, now=now)
 
     def _on_the_side(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task of its own, which close() cancels."""
@@ -410,7 +441,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             limit,
             *(types or ()),
         )
-        return decode_jobs(rows)
+        return await self._taken(rows, now)
 
     async def heartbeat(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
@@ -488,7 +519,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if reply[0] != b"ok":
             raise LeaseLostError(task_id, fence)
         if then_claim is not None and reply[-1]:
-            then_claim.jobs.extend(decode_jobs(reply[-1]))
+            then_claim.jobs.extend(await self._taken(reply[-1], now))
         if claimed is None:
             return decode_job(reply[1])
         assert isinstance(outcome, Complete | Fail)

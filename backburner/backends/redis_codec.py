@@ -97,11 +97,6 @@ def decode_job(document: bytes) -> Job:
     return stored_job(document)
 
 
-def decode_jobs(documents: list[Any]) -> list[Job]:
-    """Jobs from a script's list of documents (jobs that vanished are false, so skipped)."""
-    return [stored_job(document) for document in documents if document]
-
-
 def decode_webhooks(documents: list[Any]) -> list[WebhookDelivery]:
     """Webhook messages from a script's JSON documents (``read_webhook`` in
     redis_lua/prelude.lua: the message hash's fields hold JSON text, like a job's; one

@@ -14,11 +14,13 @@ parent's index is bounded by its pipeline, so a listing by parent never walks fa
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..models import Event, Job, JobStatus
 from .base import Page, Stats, WorkerInfo, parse_cursor
-from .redis_codec import decode_events, decode_job, decode_jobs, number
+from .redis_codec import decode_events, decode_job, number
+from .unreadable import readable
 
 READ_SCRIPTS = ("read_jobs", "list_jobs", "read_events", "stats")
 """The scripts of this module: they change nothing, so they are safe to send again."""
@@ -26,6 +28,11 @@ READ_SCRIPTS = ("read_jobs", "list_jobs", "read_events", "stats")
 _LIST_SCAN_BUDGET = 10_000
 """Index entries one page of a listing by tenant and status or type may look at; a page that
 runs out of them is shorter than asked, with a cursor to go on from."""
+
+
+def _listed(documents: Sequence[Any]) -> list[Job]:
+    """A listing's jobs (those that vanished, false, and those no one can read, left out)."""
+    return readable([doc for doc in documents if doc], decode_job)
 
 
 def text(value: bytes | str) -> str:
@@ -44,6 +51,8 @@ class RedisReads:
 
         async def _read(self, *command: str | int | float) -> Any: ...
 
+        async def _taken(self, documents: Sequence[Any], now: float) -> list[Job]: ...
+
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
         if limit <= 0:
             return []
@@ -58,7 +67,8 @@ class RedisReads:
         if not ids:
             return []
         ids = list(dict.fromkeys(ids))  # (a lease renewed between the two reads: once)
-        jobs = decode_jobs(await self._run("read_jobs", *ids))
+        # A record no one can read is failed where its lease ran out (the sweeper's place).
+        jobs = await self._taken(await self._run("read_jobs", *ids), now)
         return [
             job
             for job in jobs
@@ -102,7 +112,7 @@ class RedisReads:
         top = "+inf" if below is None else f"({below}"
         if len(groups) > 1 or (groups and not groups[0].startswith("=")):
             found = await self._run("list_jobs", top, limit, _LIST_SCAN_BUDGET, *groups)
-            return Page(decode_jobs(found[1:]), text(found[0]) or None)
+            return Page(_listed(found[1:]), text(found[0]) or None)
         index = groups[0][1:] if groups else "i:all"
         found = await self._read(
             "ZREVRANGEBYSCORE",
@@ -119,7 +129,7 @@ class RedisReads:
         more = len(ids) > limit
         ids, seqs = ids[:limit], seqs[:limit]
         rows = await self._run("read_jobs", *ids) if ids else []
-        return Page(decode_jobs(rows), str(seqs[-1]) if more and seqs else None)
+        return Page(_listed(rows), str(seqs[-1]) if more and seqs else None)
 
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
         if limit <= 0:

@@ -10,6 +10,7 @@ no wake-up, then claim, then reply. A claim of the worker's own ends the registr
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from ..aio import wait_set
 from ..errors import BackendError
 from ..jsoncodec import encode
 from ..models import Job
-from .redis_codec import decode_job, decode_jobs, number
+from .redis_codec import number
 from .redis_wake import WakeChannel
 
 REGISTRATION_GRACE_S = 2.0
@@ -34,6 +35,10 @@ class RedisWaiting:
     if TYPE_CHECKING:
 
         async def _run(self, name: str, *args: str | int | float) -> Any: ...
+
+        async def _taken(self, documents: Sequence[Any], now: float) -> list[Job]: ...
+
+        def _taken_one(self, document: bytes, now: float) -> Job | None: ...
 
     def _hand_channel(self, worker_id: str) -> str:
         return f"{self._p}hand:{worker_id}"
@@ -62,11 +67,16 @@ class RedisWaiting:
             if not await wake.ready(timeout):
                 return []
             if inbox is not None and inbox.docs:
-                return decode_jobs(inbox.take())
+                return await self._taken(inbox.take(), now)
             if inbox is not None and on_handed is not None:
                 # Started the moment it arrives, now or after this wait (the registration may
                 # outlive it): never left waiting in the inbox while its lease runs.
-                inbox.deliver = lambda doc: on_handed(decode_job(doc))
+                def deliver(doc: bytes) -> None:
+                    job = self._taken_one(doc, now)
+                    if job is not None:
+                        on_handed(job)
+
+                inbox.deliver = deliver
             try:
                 if inbox is not None and inbox.subscribed.is_set():
                     assert worker_id is not None
@@ -90,7 +100,7 @@ class RedisWaiting:
             finally:
                 if inbox is not None:
                     inbox.notify = None
-        return [] if inbox is None else decode_jobs(inbox.take())
+        return [] if inbox is None else await self._taken(inbox.take(), now)
 
     async def stop_waiting(self, worker_id: str) -> list[Job]:
         wake = self._wake
@@ -100,4 +110,4 @@ class RedisWaiting:
             await self._run("unidle", worker_id)
         finally:  # (a registration left behind lapses by itself)
             docs = await wake.close_inbox(self._hand_channel(worker_id))
-        return decode_jobs(docs)
+        return await self._taken(docs, time.time())

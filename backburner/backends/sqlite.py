@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from ..errors import (
     BackendError,
     ConfigurationError,
+    CorruptRecordError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
@@ -53,6 +54,7 @@ from .sqlite_schema import (
     WORKER_ID,
     init_connection,
     row_to_job,
+    rows_to_jobs,
 )
 from .sqlite_slots import SQLiteSlots, purge_ended_slots
 from .sqlite_tenants import (
@@ -67,7 +69,16 @@ from .sqlite_tenants import (
     purge_tenant_state,
 )
 from .sqlite_wait import SQLiteWaits
-from .sqlite_webhooks import SQLiteWebhooks, delete_messages, write_message
+from .sqlite_webhooks import (
+    SQLiteWebhooks,
+    delete_messages,
+    write_message,
+    write_unreadable_message,
+)
+from .unreadable import fail_unreadable
+
+Unreadable = tuple[CorruptRecordError, int]
+"""A claimed or expired job whose row does not parse, and its fence."""
 
 _TERMINAL = ("completed", "failed", "cancelled")
 
@@ -272,7 +283,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             "types": None if types is None else _dumps(list(types)),
         }
 
-        def op(conn: sqlite3.Connection) -> list[Job]:
+        def op(conn: sqlite3.Connection) -> tuple[list[Job], list[Unreadable]]:
             join_due(conn, now)
             rows = conn.execute(sql, params).fetchall()
             rows.sort(key=lambda r: (-r[PRIORITY], r[-1], r[SEQ]))
@@ -289,9 +300,16 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                     for r in rows
                 ],
             )
-            return [row_to_job(r) for r in rows]
+            return rows_to_jobs(rows)
 
-        return await self._executor.run(op)
+        jobs, unreadable = await self._executor.run(op)
+        await self._fail_unreadable(unreadable, now)
+        return jobs
+
+    async def _fail_unreadable(self, unreadable: list[Unreadable], now: float) -> None:
+        """Fail the jobs this worker holds whose records cannot be read (unreadable.py)."""
+        for exc, fence in unreadable:
+            await fail_unreadable(self, exc, fence, now=now)
 
     async def heartbeat(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
@@ -383,7 +401,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             sets += f", fair_tag = iif(:run_at <= :now, {ROW_TAG}, NULL)"
         sql = f"UPDATE jobs SET {sets} WHERE {guard} RETURNING {COLUMNS}"
 
-        def op(conn: sqlite3.Connection) -> Job:
+        def op(conn: sqlite3.Connection) -> Job | CorruptRecordError:
             row = conn.execute(sql, params).fetchone()
             if row is None:
                 raise LeaseLostError(task_id, fence)
@@ -392,12 +410,20 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             for offset, (type_, data) in enumerate(events):
                 data = {**data, "attempt": row[ATTEMPTS]} if type_ == "attempt_failed" else data
                 _insert_event(conn, task_id, first + offset, type_, data, now)
-            job = row_to_job(row)
+            try:
+                job = row_to_job(row)
+            except CorruptRecordError as exc:
+                # Applied all the same (a worker fails an unreadable job so), then raised.
+                write_unreadable_message(conn, task_id, now)
+                return exc
             if job.webhook_url is not None and job.is_terminal:
                 write_message(conn, job, now)
             return job
 
-        return await self._executor.run(op)
+        finished = await self._executor.run(op)
+        if isinstance(finished, CorruptRecordError):
+            raise finished
+        return finished
 
     async def _raise_unless_held(self, task_id: str, fence: int, error: Exception) -> NoReturn:
         """A stale writer hears about its lease first, whatever else is wrong with its write."""
@@ -513,15 +539,18 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
     # -- sweeper -----------------------------------------------------------------------------
 
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
-        def op(conn: sqlite3.Connection) -> list[Job]:
+        def op(conn: sqlite3.Connection) -> tuple[list[Job], list[Unreadable]]:
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM jobs INDEXED BY jobs_lease WHERE status = 'processing'"
                 " AND lease_expires_at <= ? ORDER BY lease_expires_at LIMIT ?",
                 (now, limit),
             ).fetchall()
-            return [row_to_job(r) for r in rows]
+            return rows_to_jobs(rows)
 
-        return await self._executor.run(op, write=False)
+        jobs, unreadable = await self._executor.run(op, write=False)
+        # A record no one can read is failed where its lease ran out (the sweeper's place).
+        await self._fail_unreadable(unreadable, now)
+        return jobs
 
     async def purge_expired(self, *, now: float, limit: int) -> int:
         def op(conn: sqlite3.Connection) -> int:

@@ -22,6 +22,7 @@ from .base import Page, parse_cursor
 from .sqlite_executor import SQLiteExecutor
 from .sqlite_schema import COLUMNS, row_to_job
 from .sqlite_tenants import ROW_TAG, open_clock
+from .unreadable import readable
 
 _OPEN_CHILD = (
     "SELECT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_children_status"
@@ -82,7 +83,7 @@ class SQLiteChildren:
             more = len(rows) > limit
             rows = rows[:limit]
             next_cursor = str(rows[-1][0]) if more and rows else None
-            return Page([row_to_job(r) for r in rows], next_cursor)
+            return Page(readable(rows, row_to_job), next_cursor)
 
         return await self._executor.run(op, write=False)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
-from ..errors import BackendError
+from ..errors import BackendError, CorruptRecordError
 from ..models import Job, stored_job
 
 SCHEMA_VERSION = 1
@@ -380,5 +381,23 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
 
 
 def row_to_job(row: tuple[Any, ...]) -> Job:
-    """The Job of a row selected with COLUMNS (validated by pydantic-core from JSON)."""
-    return stored_job(row[JOB])
+    """The Job of a row selected with COLUMNS (validated by pydantic-core from JSON); a row
+    that does not parse raises CorruptRecordError with its id."""
+    try:
+        return stored_job(row[JOB])
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(row[TASK_ID], exc.reason) from None
+
+
+def rows_to_jobs(
+    rows: Sequence[tuple[Any, ...]],
+) -> tuple[list[Job], list[tuple[CorruptRecordError, int]]]:
+    """The Jobs of rows, and for each row that does not parse its error and fence."""
+    jobs: list[Job] = []
+    unreadable: list[tuple[CorruptRecordError, int]] = []
+    for row in rows:
+        try:
+            jobs.append(row_to_job(row))
+        except CorruptRecordError as exc:
+            unreadable.append((exc, row[FENCE]))
+    return jobs, unreadable

@@ -13,11 +13,20 @@ import sqlite3
 from typing import Any
 
 from ..errors import InvalidInputError, InvalidTransitionError, JobNotFoundError, LeaseLostError
-from ..models import PROGRESS_EVENT, Job, WebhookAttempt, WebhookDelivery, WebhookStatus
-from .outbox import new_message
+from ..models import (
+    PROGRESS_EVENT,
+    WEBHOOK_EVENTS,
+    Job,
+    JobStatus,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookStatus,
+)
+from .outbox import new_message, new_msg_id
 from .sqlite_executor import SQLiteExecutor
 from .sqlite_schema import COLUMNS, row_to_job
 
+_TERMINAL = ("completed", "failed", "cancelled")
 _COLUMNS = "msg_id, task_id, event, url, status, created_at, next_at, body, attempts, claim, tries"
 
 
@@ -31,6 +40,21 @@ def write_message(conn: sqlite3.Connection, job: Job, now: float, event: str | N
         "INSERT INTO webhooks (msg_id, task_id, event, url, status, created_at, next_at)"
         " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
         (message.msg_id, job.task_id, message.event, message.url, now, now),
+    )
+
+
+def write_unreadable_message(conn: sqlite3.Connection, task_id: str, now: float) -> None:
+    """``write_message`` for a job whose row does not parse (unreadable.py): from the columns
+    it needs, which do. Its body is then made from the message alone (webhook_body)."""
+    found = conn.execute(
+        "SELECT webhook_url, status FROM jobs WHERE task_id = ?", (task_id,)
+    ).fetchone()
+    if found is None or found[0] is None or found[1] not in _TERMINAL:
+        return
+    conn.execute(
+        "INSERT INTO webhooks (msg_id, task_id, event, url, status, created_at, next_at)"
+        " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+        (new_msg_id(), task_id, WEBHOOK_EVENTS[JobStatus(found[1])], found[0], now, now),
     )
 
 

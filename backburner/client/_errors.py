@@ -12,6 +12,7 @@ from ..errors import (
     APIError,
     AuthError,
     BackendError,
+    CorruptRecordError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
@@ -78,6 +79,10 @@ class BackendUnavailableAPIError(APIError, BackendError):
     """503 backend_unavailable: the server's storage failed (after the client's retries)."""
 
 
+class CorruptRecordAPIError(APIError, CorruptRecordError):
+    """500 corrupt_record: the server stores the job, but its record cannot be read."""
+
+
 _TASK_IN_MESSAGE = re.compile(r"\bjob (task_[0-9A-Za-z_-]+)")
 
 
@@ -107,6 +112,8 @@ def error_class(status: int, type: str) -> type[APIError]:
         return QueueFullAPIError
     if status == 503 and type == "backend_unavailable":
         return BackendUnavailableAPIError
+    if status == 500 and type == "corrupt_record":
+        return CorruptRecordAPIError
     return APIError
 
 
@@ -139,6 +146,8 @@ def raise_for_error(
     exc = cls(message, status=response.status_code, type=type_, retry_after=retry_after)
     if isinstance(exc, JobNotFoundError):
         exc.task_id = task_id or ""
+    if isinstance(exc, CorruptRecordError):
+        exc.task_id, exc.reason = task_id, message
     if isinstance(exc, LimitExceededError):
         exc.tenant = ""  # the server does not name it; the caller knows its own
     if isinstance(exc, IdempotencyConflictError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..aio import wait_all_or, wait_set
-from ..errors import BackburnerError, UnsafeURLError
+from ..errors import BackburnerError, CorruptRecordError, UnsafeURLError
 from ..hooks import Hooks
 from ..models import (
     PROGRESS_EVENT,
@@ -55,7 +55,7 @@ def webhook_body(message: WebhookDelivery, job: Job | None) -> str:
     body: dict[str, Any] = {"type": message.event, "task_id": message.task_id}
     terminal = message.event != PROGRESS_EVENT
     if job is None or (terminal and WEBHOOK_EVENTS.get(job.status) != message.event):
-        # Deleted, or replayed since (a failed job queued again): the event alone.
+        # Deleted, unreadable, or replayed since (a failed job queued again): the event alone.
         body["status"] = message.event.removeprefix("task.")
         return json.dumps(body, separators=(",", ":"))
     body["status"] = job.status.value
@@ -169,7 +169,10 @@ class WebhookDispatcher:
         body = message.body
         job = None
         if body is None:
-            job = await backend.get(message.task_id)
+            try:
+                job = await backend.get(message.task_id)
+            except CorruptRecordError:  # its job failed as unreadable: the message says so
+                job = None
         elif tracing.enabled:
             try:
                 job = await backend.get(message.task_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -432,3 +433,22 @@ async def test_405_lists_every_method_of_the_path(transport: str, tmp_path: Path
             assert_error(response, 405, "method_not_allowed")
             listed = {m.strip() for m in response.headers["allow"].split(",")}
             assert listed == allowed, (method, path, response.headers["allow"])
+
+
+async def test_an_unreadable_job_is_a_typed_500_and_left_out_of_listings(
+    transport: str, tmp_path: Path
+) -> None:
+    async with serve(transport, tmp_path, run_worker=False) as srv:
+        bad = check_accepted(await srv.client.post("/v1/tasks", json={"type": "quick"}))
+        good = check_accepted(await srv.client.post("/v1/tasks", json={"type": "quick"}))
+        with sqlite3.connect(tmp_path / "api.db") as conn:  # damaged behind the API's back
+            conn.execute(
+                "UPDATE jobs SET metadata = ? WHERE task_id = ?",
+                ('{"a":"\\ud800"}', bad["task_id"]),
+            )
+        body = assert_error(await srv.client.get(bad["poll_url"]), 500, "corrupt_record")
+        assert body["message"].startswith(
+            f"job {bad['task_id']}: its stored record cannot be read ("
+        )
+        assert await srv.task_ids() == [good["task_id"]]
+        assert (await srv.client.get(good["poll_url"])).status_code == 200

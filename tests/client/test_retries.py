@@ -13,6 +13,7 @@ from backburner.client._http import Call
 from backburner.errors import (
     AuthError,
     BackendError,
+    CorruptRecordError,
     IdempotencyConflictError,
     InvalidInputError,
     InvalidTransitionError,
@@ -166,6 +167,7 @@ def test_retry_after_beyond_the_bound_is_not_waited_for(scripted: Any, clock: Fa
         (422, "unknown_task", (UnknownTaskError, InvalidInputError)),
         (429, "queue_full", (QueueFullError,)),
         (503, "backend_unavailable", (BackendError,)),
+        (500, "corrupt_record", (CorruptRecordError, BackendError)),
         (500, "internal_error", ()),
         (401, "unauthorized", (AuthError,)),
         (403, "forbidden", (PermissionDeniedError, AuthError)),
@@ -190,6 +192,8 @@ def test_errors_are_typed(
     )
     for cls in classes:
         assert isinstance(exc, cls)
+    if isinstance(exc, CorruptRecordError):
+        assert (exc.task_id, exc.reason) == ("task_abc", f"the {type_} message")
     if not classes:
         assert type(exc) is APIError
 

@@ -1,0 +1,177 @@
+"""A stored job that no reader can read back costs that job, never a worker or a listing.
+
+Each test damages one job's record behind the backend's back (as a hand edit, a disk or a
+release that stores what this one cannot read would), on SQLite and on Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from backburner import Backburner, JobContext
+from backburner.backends import Backend
+from backburner.backends.redis import RedisBackend
+from backburner.backends.sqlite import SQLiteBackend
+from backburner.clock import ManualClock
+from backburner.errors import CorruptRecordError
+from backburner.models import JobStatus
+from backburner.webhooks.dispatcher import webhook_body
+from backburner.worker.sweeper import sweep_once
+
+from ..conformance._support import new_job
+from ..conftest import REDIS_TEST_URL, drop_redis_keys, make_backend
+from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    engine = make_backend(str(request.param), tmp_path)
+    await engine.connect()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+        await drop_redis_keys(engine)
+
+
+async def damage(store: Backend, task_id: str) -> None:
+    """Make the job's record unreadable: a lone surrogate's escape in its metadata (SQLite),
+    a priority that is no number (Redis)."""
+    if isinstance(store, SQLiteBackend):
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(
+                "UPDATE jobs SET metadata = ? WHERE task_id = ?", ('{"a":"\\ud800"}', task_id)
+            )
+        return
+    assert isinstance(store, RedisBackend)
+    client = aioredis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        assert await client.hset(f"{{{store.prefix}}}:j:{task_id}", "priority", '"high"') == 0
+    finally:
+        await client.aclose()
+
+
+async def stored_state(store: Backend, task_id: str) -> tuple[str, dict[str, object] | None]:
+    """The job's status and error as stored, read past the part that cannot be read."""
+    if isinstance(store, SQLiteBackend):
+        with sqlite3.connect(store.path) as conn:
+            status, error = conn.execute(
+                "SELECT status, error FROM jobs WHERE task_id = ?", (task_id,)
+            ).fetchone()
+        return status, None if error is None else json.loads(error)
+    assert isinstance(store, RedisBackend)
+    client = aioredis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        status, error = await client.hmget(f"{{{store.prefix}}}:j:{task_id}", "status", "error")
+    finally:
+        await client.aclose()
+    return json.loads(status), None if error is None else json.loads(error)
+
+
+async def test_a_worker_fails_an_unreadable_job_and_runs_the_others(store: Backend) -> None:
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)
+    ran: list[int] = []
+
+    @bb.task(max_attempts=3)
+    async def echo(ctx: JobContext, n: int) -> int:
+        ran.append(n)
+        return n
+
+    bad = await bb.enqueue("echo", {"n": 0})
+    good = [await bb.enqueue("echo", {"n": n}) for n in range(1, 6)]
+    await damage(store, bad.task_id)
+    async with running_worker(bb, concurrency=4) as worker:
+        for job in good:
+            done = await bb.wait(job.task_id, timeout=20)
+            assert done.status == JobStatus.COMPLETED
+        await eventually(
+            lambda: _is_failed(store, bad.task_id), message="the unreadable job failed"
+        )
+        assert worker.started.is_set() and not worker.running
+    assert sorted(ran) == [1, 2, 3, 4, 5]  # never the damaged one
+    status, error = await stored_state(store, bad.task_id)
+    assert status == "failed"
+    assert error is not None and error["type"] == "corrupt_record"
+    assert error["retryable"] is False
+    assert "cannot be read" in str(error["message"])
+
+
+async def _is_failed(store: Backend, task_id: str) -> bool:
+    return (await stored_state(store, task_id))[0] == "failed"
+
+
+async def test_reads_name_the_unreadable_job_and_listings_leave_it_out(store: Backend) -> None:
+    bad, _ = await store.enqueue(new_job("t", now=1.0))
+    good, _ = await store.enqueue(new_job("t", now=2.0))
+    await damage(store, bad.task_id)
+    with pytest.raises(CorruptRecordError) as caught:
+        await store.get(bad.task_id)
+    assert caught.value.task_id == bad.task_id
+    assert str(caught.value).startswith(f"job {bad.task_id}: its stored record cannot be read (")
+    for page in (
+        await store.list_jobs(limit=10),
+        await store.list_jobs(limit=10, type="t"),
+        await store.list_jobs(limit=10, status=JobStatus.QUEUED),
+        await store.list_jobs(limit=10, tenant="default", status=JobStatus.QUEUED),
+    ):
+        assert [job.task_id for job in page.jobs] == [good.task_id]
+
+
+async def test_a_sweeper_fails_an_unreadable_job_whose_lease_ended(store: Backend) -> None:
+    clock = ManualClock(1000.0)
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS, clock=clock)
+
+    @bb.task(max_attempts=3)
+    async def echo(ctx: JobContext) -> None:
+        return None
+
+    job = await bb.enqueue("echo")
+    [claimed] = await store.claim("gone", limit=1, now=clock.now(), lease_s=5.0)
+    assert claimed.task_id == job.task_id
+    await damage(store, job.task_id)
+    clock.advance(10.0)
+    report = await sweep_once(bb)
+    assert (report.requeued, report.failed) == (0, 0)  # not retried as a lease that ran out
+    status, error = await stored_state(store, job.task_id)
+    assert status == "failed" and error is not None and error["type"] == "corrupt_record"
+    assert await store.expired_leases(now=clock.now() + 100, limit=10) == []
+
+
+async def test_the_webhook_of_an_unreadable_job_says_it_failed(store: Backend) -> None:
+    job, _ = await store.enqueue(new_job("t", now=1.0, webhook_url="https://hooks.example.com/in"))
+    await store.claim("w", limit=1, now=2.0, lease_s=30.0)
+    await damage(store, job.task_id)
+    # What a claim does with a record it cannot read (it is failed by the claimer).
+    assert await store.claim("w", limit=1, now=2.5, lease_s=30.0) == []
+    if isinstance(store, SQLiteBackend):
+        await store._fail_unreadable([(CorruptRecordError(job.task_id, "damaged"), 1)], 3.0)
+    else:
+        assert isinstance(store, RedisBackend)
+        await store._fail_unreadable(CorruptRecordError(job.task_id, "damaged"), 3.0)
+    assert (await stored_state(store, job.task_id))[0] == "failed"
+    [message] = await store.claim_webhooks(now=4.0, limit=10, lease_s=30.0)
+    assert (message.task_id, message.event) == (job.task_id, "task.failed")
+    body = json.loads(webhook_body(message, None))
+    assert body == {"type": "task.failed", "task_id": job.task_id, "status": "failed"}
+
+
+async def test_a_job_handed_to_a_redis_worker_unreadable_is_failed(tmp_path: Path) -> None:
+    store = make_backend("redis", tmp_path)
+    assert isinstance(store, RedisBackend)
+    await store.connect()
+    try:
+        job, _ = await store.enqueue(new_job("t", now=1.0))
+        await store.claim("w", limit=1, now=2.0, lease_s=30.0)
+        await damage(store, job.task_id)
+        [document] = await store._run("read_jobs", job.task_id)  # as a hand-off brings it
+        assert store._taken_one(document, 3.0) is None
+        await eventually(lambda: _is_failed(store, job.task_id), message="the handed job failed")
+    finally:
+        await store.close()
+        await drop_redis_keys(store)
