@@ -31,7 +31,8 @@ The tree::
         ├── Suspend                 park the job, attempt not charged, until woken or a time
         ├── PermanentError          fail the job at once, no retry
         │   ├── PipelineDefinitionError  a step name repeated, or steps in another order
-        │   └── ChildFailedError         a pipeline's child failed for good (names it)
+        │   ├── ChildFailedError         a pipeline's child failed for good (names it)
+        │   └── InvalidResultError       a step's result cannot be stored (invalid_result)
         └── ProviderError           a model provider failed (``code`` names how, on the job)
             ├── RateLimitedError            429, or 503 with Retry-After   (a Retry)
             ├── ProviderUnavailableError    5xx, connection, timeout        (a Retry)
@@ -277,6 +278,12 @@ class ChildFailedError(PermanentError):
         super().__init__(message)
         self.child_id = child_id
         self.step = step
+
+
+class InvalidResultError(PermanentError):
+    """A pipeline step's result cannot be stored (not JSON, a lone UTF-16 surrogate, nested too
+    deep): the job fails at once with error type ``invalid_result``, as when a handler returns
+    such a result. Running the step again would return the same."""
 
 
 class ProviderError(TaskError):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     ChildFailedError,
     InvalidInputError,
+    InvalidResultError,
     PermanentError,
     PipelineDefinitionError,
     Suspend,
@@ -136,7 +137,10 @@ class PipelineContext:
                 if attempt == policy.attempts:
                     raise
                 await asyncio.sleep(min(policy.cap_s, policy.backoff_s * 2 ** (attempt - 1)))
-        result = round_trip(value, f"the result of step {name!r}")
+        try:
+            result = round_trip(value, f"the result of step {name!r}")
+        except InvalidInputError as exc:
+            raise InvalidResultError(str(exc)) from None
         await self._ctx.backend.append_event(
             self.job_id,
             self._ctx.fence,

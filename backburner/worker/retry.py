@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 from ..backends.base import Fail, Outcome, RetryAt
-from ..errors import PermanentError, ProviderError, Retry
+from ..errors import InvalidResultError, PermanentError, ProviderError, Retry
 from ..jsoncodec import valid_unicode
 from ..models import ErrorInfo, Job
 from ..tasks import TaskDefinition
@@ -38,6 +38,8 @@ class RetryPolicy:
             return _error(exc.code, str(exc), exc.retryable), exc.after
         if isinstance(exc, Retry):
             return _error("retry", str(exc), True), exc.after
+        if isinstance(exc, InvalidResultError):
+            return _error("invalid_result", str(exc), False), None
         if isinstance(exc, PermanentError):
             return _error(_name(exc), str(exc), False), None
         if isinstance(exc, TimeoutError):

@@ -199,6 +199,25 @@ async def test_a_step_name_used_twice_or_out_of_order_is_a_clear_error(bb: Backb
     assert "'b' in this run but was 'a' before" in moved.error.message
 
 
+async def test_a_step_result_that_cannot_be_stored_fails_the_job_at_once(bb: Backburner) -> None:
+    runs: Counter[str] = Counter()
+
+    def tags() -> set[str]:
+        runs["tags"] += 1
+        return {"not", "json"}
+
+    @bb.pipeline(max_attempts=3)
+    async def tagging(ctx: Any) -> None:
+        await ctx.step("tags", tags)
+
+    async with bb, running_worker(bb, concurrency=1):
+        done = await bb.wait((await bb.enqueue("tagging")).task_id, timeout=30)
+    assert done.status == JobStatus.FAILED and done.error is not None
+    assert (done.error.type, done.error.retryable) == ("invalid_result", False)
+    assert "the result of step 'tags'" in done.error.message
+    assert done.attempts == 1 and runs["tags"] == 1  # the same result again would not help
+
+
 async def test_the_last_child_wakes_its_parent_without_waiting_for_a_poll(
     bb: Backburner,
 ) -> None:
