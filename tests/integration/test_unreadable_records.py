@@ -24,20 +24,15 @@ from backburner.models import JobStatus
 from backburner.webhooks.dispatcher import webhook_body
 from backburner.worker.sweeper import sweep_once
 
-from ..conformance._support import new_job
-from ..conftest import REDIS_TEST_URL, drop_redis_keys, make_backend
+from ..conformance._support import new_job, opened
+from ..conftest import REDIS_TEST_URL
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
 
 
 @pytest.fixture(params=["sqlite", "redis"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    engine = make_backend(str(request.param), tmp_path)
-    await engine.connect()
-    try:
+    async with opened(str(request.param), tmp_path) as engine:
         yield engine
-    finally:
-        await engine.close()
-        await drop_redis_keys(engine)
 
 
 async def damage(store: Backend, task_id: str) -> None:
@@ -162,16 +157,11 @@ async def test_the_webhook_of_an_unreadable_job_says_it_failed(store: Backend) -
 
 
 async def test_a_job_handed_to_a_redis_worker_unreadable_is_failed(tmp_path: Path) -> None:
-    store = make_backend("redis", tmp_path)
-    assert isinstance(store, RedisBackend)
-    await store.connect()
-    try:
+    async with opened("redis", tmp_path) as store:
+        assert isinstance(store, RedisBackend)
         job, _ = await store.enqueue(new_job("t", now=1.0))
         await store.claim("w", limit=1, now=2.0, lease_s=30.0)
         await damage(store, job.task_id)
         [document] = await store._run("read_jobs", job.task_id)  # as a hand-off brings it
         assert store._taken_one(document, 3.0) is None
         await eventually(lambda: _is_failed(store, job.task_id), message="the handed job failed")
-    finally:
-        await store.close()
-        await drop_redis_keys(store)
