@@ -312,10 +312,12 @@ class PipelineContext:
                 break
             cursor = page.next_cursor
         missing = [i for i in ids if i not in found]
-        if missing and not partial:  # expired (past their TTL) or deleted: not coming back
+        # Expired (past their TTL), deleted, or unreadable (a listing leaves those out): not
+        # coming back.
+        if missing and not partial:
             raise ChildFailedError(
-                f"child {missing[0]} of {name!r} is gone (expired or deleted) before the"
-                " pipeline read it",
+                f"child {missing[0]} of {name!r} is gone (expired, deleted or unreadable)"
+                " before the pipeline read it",
                 child_id=missing[0],
                 step=name,
             )

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 
 from ..backends.base import Complete, Fail, NextClaim, Outcome, Release, RetryAt, Wait
 from ..context import JobContext, activate
-from ..errors import BackendError, InvalidInputError, LeaseLostError, Suspend
+from ..errors import (
+    BackendError,
+    CorruptRecordError,
+    InvalidInputError,
+    LeaseLostError,
+    Suspend,
+)
 from ..models import ErrorInfo, Job
 from ..observability.logs import job_fields
 from .timeouts import TIMED_OUT, CoarseTimeouts
@@ -287,6 +293,10 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
                 raise
             error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
             outcome = Fail(error, dead_letter_ttl)
+        except CorruptRecordError as exc:  # written, but the job cannot be read back
+            log.error("job %s: outcome stored, but %s", job.task_id, exc.args[0].partition(": ")[2])
+            attempt.settled = True
+            return None
         except BackendError as exc:
             if isinstance(outcome, Release) or time.monotonic() + delay > give_up:
                 log.warning(

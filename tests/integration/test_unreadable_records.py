@@ -6,6 +6,7 @@ release that stores what this one cannot read would), on SQLite and on Redis.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator
@@ -165,3 +166,35 @@ async def test_a_job_handed_to_a_redis_worker_unreadable_is_failed(tmp_path: Pat
         [document] = await store._run("read_jobs", job.task_id)  # as a hand-off brings it
         assert store._taken_one(document, 3.0) is None
         await eventually(lambda: _is_failed(store, job.task_id), message="the handed job failed")
+
+
+async def test_a_job_damaged_while_it_runs_settles_and_then_fails(
+    store: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)
+    started, go_on = asyncio.Event(), asyncio.Event()
+
+    @bb.task(max_attempts=3)
+    async def flaky(ctx: JobContext) -> None:
+        started.set()
+        await go_on.wait()
+        raise RuntimeError("the attempt fails: a retry, whose write reads the job back")
+
+    @bb.task
+    async def later(ctx: JobContext) -> str:
+        return "ran"
+
+    job = await bb.enqueue("flaky")
+    async with running_worker(bb, concurrency=1):
+        await asyncio.wait_for(started.wait(), 20)
+        await damage(store, job.task_id)
+        go_on.set()
+        await eventually(lambda: _is_failed(store, job.task_id), message="the damaged job failed")
+        after = await bb.wait((await bb.enqueue("later")).task_id, timeout=20)
+    assert after.result == "ran"  # the worker went on
+    # Its retry was written (the read back failed): settled at once, not retried as unwritten.
+    stored = [r.getMessage() for r in caplog.records if "outcome stored, but" in r.getMessage()]
+    assert len(stored) == 1, stored
+    assert stored[0].startswith(f"job {job.task_id}: outcome stored, but its stored record cannot")
+    status, error = await stored_state(store, job.task_id)
+    assert status == "failed" and error is not None and error["type"] == "corrupt_record"
