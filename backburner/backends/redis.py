@@ -241,12 +241,15 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if self._store_check is None or self._store_check.done():
             self._store_check = self._on_the_side(self._check_store())
 
-    async def _taken(self, documents: Sequence[Any], now: float) -> list[Job]:
+    async def _taken(
+        self, documents: Sequence[Any], now: float, *, expired_only: bool = False
+    ) -> list[Job]:
         """The jobs of documents a claim took for this worker; those that cannot be read are
-        failed (corrupt_record), not returned: one must not stop the worker."""
+        failed (corrupt_record), not returned: one must not stop the worker. ``expired_only``:
+        the documents are of leases found ended (the sweeper's), and only those are failed."""
         jobs, unreadable = decode_each([doc for doc in documents if doc], decode_job)
         for exc in unreadable:
-            await self._fail_unreadable(exc, now)
+            await self._fail_unreadable(exc, now, expired_only=expired_only)
         return jobs
 
     def _taken_one(self, document: bytes, now: float) -> Job | None:
@@ -257,9 +260,11 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
             self._on_the_side(self._fail_unreadable(exc, now))
             return None
 
-    async def _fail_unreadable(self, exc: CorruptRecordError, now: float) -> None:
-        """Fail a job this worker holds whose record cannot be read, under the fence its
-        hash holds (the document that told its id did not parse)."""
+    async def _fail_unreadable(
+        self, exc: CorruptRecordError, now: float, *, expired_only: bool = False
+    ) -> None:
+        """Fail a job this worker holds (or whose lease ended) whose record cannot be read,
+        under the fence its hash holds (the document that told its id did not parse)."""
         fence = None
         if exc.task_id is not None:
             try:
@@ -268,7 +273,7 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
                 log.error("%s; its fence could not be read (%s)", exc, failed)
                 return
             fence = int(held) if held is not None and held.isdigit() else None
-        await fail_unreadable(self, exc, fence, now=now)
+        await fail_unreadable(self, exc, fence, now=now, expired_only=expired_only)
 
     def _on_the_side(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task of its own, which close() cancels."""

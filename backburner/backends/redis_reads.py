@@ -51,7 +51,9 @@ class RedisReads:
 
         async def _read(self, *command: str | int | float) -> Any: ...
 
-        async def _taken(self, documents: Sequence[Any], now: float) -> list[Job]: ...
+        async def _taken(
+            self, documents: Sequence[Any], now: float, *, expired_only: bool = False
+        ) -> list[Job]: ...
 
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:
         if limit <= 0:
@@ -67,8 +69,9 @@ class RedisReads:
         if not ids:
             return []
         ids = list(dict.fromkeys(ids))  # (a lease renewed between the two reads: once)
-        # A record no one can read is failed where its lease ran out (the sweeper's place).
-        jobs = await self._taken(await self._run("read_jobs", *ids), now)
+        # A record no one can read is failed where its lease ran out (the sweeper's place),
+        # if it has: this second's leases are all read, ended or not.
+        jobs = await self._taken(await self._run("read_jobs", *ids), now, expired_only=True)
         return [
             job
             for job in jobs

@@ -55,6 +55,7 @@ from .sqlite_schema import (
     init_connection,
     row_to_job,
     rows_to_jobs,
+    valid_json,
 )
 from .sqlite_slots import SQLiteSlots, purge_ended_slots
 from .sqlite_tenants import (
@@ -267,8 +268,9 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             "UPDATE jobs SET status = 'processing', attempts = attempts + 1,"
             " fence = fence + 1, worker_id = :worker, lease_expires_at = :lease,"
             " started_at = :now, event_seq = event_seq + 1,"
-            " history = json_insert(history, '$[#]', json_object('attempt', attempts + 1,"
-            " 'worker_id', :worker, 'started_at', :now))"
+            f" history = iif({valid_json('history')}, json_insert(history, '$[#]',"
+            " json_object('attempt', attempts + 1, 'worker_id', :worker, 'started_at', :now)),"
+            " history)"
             " WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_claim"
             " WHERE status = 'queued' AND fair_tag IS NOT NULL"
             f" AND run_at <= :now{of_types}"
@@ -306,10 +308,13 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
         await self._fail_unreadable(unreadable, now)
         return jobs
 
-    async def _fail_unreadable(self, unreadable: list[Unreadable], now: float) -> None:
-        """Fail the jobs this worker holds whose records cannot be read (unreadable.py)."""
+    async def _fail_unreadable(
+        self, unreadable: list[Unreadable], now: float, *, expired_only: bool = False
+    ) -> None:
+        """Fail the jobs this worker holds (or, ``expired_only``, whose leases ended) whose
+        records cannot be read (unreadable.py)."""
         for exc, fence in unreadable:
-            await fail_unreadable(self, exc, fence, now=now)
+            await fail_unreadable(self, exc, fence, now=now, expired_only=expired_only)
 
     async def heartbeat(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lease_s: float
@@ -450,7 +455,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             if status in _TERMINAL:
                 return row_to_job(found), False
             history = (
-                "json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', 'cancelled')"
+                f"iif({valid_json('history')}, json_set(history, '$[#-1].finished_at', :now,"
+                " '$[#-1].outcome', 'cancelled'), history)"
                 if status == "processing"
                 else "history"
             )
@@ -548,8 +554,9 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             return rows_to_jobs(rows)
 
         jobs, unreadable = await self._executor.run(op, write=False)
-        # A record no one can read is failed where its lease ran out (the sweeper's place).
-        await self._fail_unreadable(unreadable, now)
+        # A record no one can read is failed where its lease ran out (the sweeper's place),
+        # if it still has: a heartbeat may have renewed it since the read.
+        await self._fail_unreadable(unreadable, now, expired_only=True)
         return jobs
 
     async def purge_expired(self, *, now: float, limit: int) -> int:

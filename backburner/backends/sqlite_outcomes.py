@@ -7,10 +7,17 @@ from typing import Any
 
 from ..jsoncodec import check_usage, encode
 from .base import Complete, Fail, Outcome, Release, RetryAt, Wait
+from .sqlite_schema import valid_json
 
-_CLOSE_HISTORY = (
-    "history = json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', :outcome"
-)
+_ERROR_TOO = ", '$[#-1].error', json(:error)"
+
+
+def _close_history(more: str = "") -> str:
+    """Close the attempt in progress (the last record of history), with ``more`` paths and
+    values to set. A history that is not JSON is left as it is (an unreadable job is failed
+    all the same: unreadable.py)."""
+    closed = f"json_set(history, '$[#-1].finished_at', :now, '$[#-1].outcome', :outcome{more})"
+    return f"history = iif({valid_json('history')}, {closed}, history)"
 
 
 class EncodedJSON(str):
@@ -35,7 +42,7 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
             "status = 'completed', result = :result, usage = COALESCE(:usage, usage),"
             " error = NULL, finished_at = :now, expires_at = :now + ttl_s,"
             " lease_expires_at = NULL, progress_percent = 100, event_seq = event_seq + 1,"
-            f" {_CLOSE_HISTORY})",
+            f" {_close_history()}",
             {
                 "outcome": "completed",
                 "result": result,
@@ -48,7 +55,7 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
         return OutcomeUpdate(
             "status = 'failed', error = :error, finished_at = :now,"
             " expires_at = :now + :fail_ttl, lease_expires_at = NULL, event_seq = event_seq + 2,"
-            f" {_CLOSE_HISTORY}, '$[#-1].error', json(:error))",
+            f" {_close_history(_ERROR_TOO)}",
             {"outcome": "failed", "error": encode(error), "fail_ttl": outcome.ttl_s},
             [
                 ("attempt_failed", {"error": error}),
@@ -60,7 +67,7 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
         return OutcomeUpdate(
             "status = 'queued', error = :error, run_at = :run_at, worker_id = NULL,"
             " lease_expires_at = NULL, event_seq = event_seq + 2,"
-            f" {_CLOSE_HISTORY}, '$[#-1].error', json(:error))",
+            f" {_close_history(_ERROR_TOO)}",
             {"outcome": "retry", "error": encode(error), "run_at": outcome.run_at},
             [
                 ("attempt_failed", {"error": error, "retry_at": outcome.run_at}),
@@ -70,7 +77,7 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
     if isinstance(outcome, Release):
         return OutcomeUpdate(
             "status = 'queued', attempts = attempts - 1, run_at = :now, worker_id = NULL,"
-            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_CLOSE_HISTORY})",
+            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_close_history()}",
             {"outcome": "released"},
             [("status", {"status": "queued", "released": outcome.reason})],
         )
@@ -80,7 +87,7 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
         waiting = encode({"status": "queued", "waiting": outcome.reason})
         return OutcomeUpdate(
             "status = 'queued', attempts = attempts - 1, run_at = :run_at, worker_id = NULL,"
-            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_CLOSE_HISTORY})",
+            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_close_history()}",
             {"outcome": "waiting", "run_at": outcome.run_at},
             [("status", EncodedJSON(waiting))],
         )

@@ -223,7 +223,19 @@ def _json_text(column: str) -> str:
     return f"json({column})"
 
 
-_JOB_JSON = (
+_JSON_COLUMNS = ("input", "result", "error", "usage", "metadata", "history")
+"""The columns that hold JSON text. One that does not (damaged by hand or by a disk) would fail
+the statement that reads it, and every claim and listing with it: the document of such a row
+is ``!<column>`` instead, which row_to_job reports as unreadable."""
+
+
+def valid_json(column: str) -> str:
+    """SQL true unless ``column`` holds text that is not JSON (NULL is fine: json_valid of NULL
+    is 0 before SQLite 3.45)."""
+    return f"({column} IS NULL OR json_valid({column}))"
+
+
+_JOB_OBJECT = (
     "json_object("
     + ", ".join(
         f"'{name}', {expr}"
@@ -265,6 +277,14 @@ _JOB_JSON = (
         ]
     )
     + ")"
+)
+
+# As bytes: a row whose text is not UTF-8 reaches pydantic-core (which reports it) instead of
+# failing sqlite3's decoding of the whole statement's results.
+_JOB_JSON = (
+    "CAST(CASE"
+    + "".join(f" WHEN NOT {valid_json(c)} THEN '!{c}'" for c in _JSON_COLUMNS)
+    + f" ELSE {_JOB_OBJECT} END AS BLOB)"
 )
 
 # What every statement that hands back a job selects or returns: a few columns the backend
@@ -383,8 +403,11 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
 def row_to_job(row: tuple[Any, ...]) -> Job:
     """The Job of a row selected with COLUMNS (validated by pydantic-core from JSON); a row
     that does not parse raises CorruptRecordError with its id."""
+    document = row[JOB]
+    if document[:1] == b"!":
+        raise CorruptRecordError(row[TASK_ID], f"{document[1:].decode()}: not JSON")
     try:
-        return stored_job(row[JOB])
+        return stored_job(document)
     except CorruptRecordError as exc:
         raise CorruptRecordError(row[TASK_ID], exc.reason) from None
 

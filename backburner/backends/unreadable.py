@@ -50,11 +50,17 @@ def readable(documents: Iterable[_T], decode: Callable[[_T], Job]) -> list[Job]:
 
 
 async def fail_unreadable(
-    backend: Backend, exc: CorruptRecordError, fence: int | None, *, now: float
+    backend: Backend,
+    exc: CorruptRecordError,
+    fence: int | None,
+    *,
+    now: float,
+    expired_only: bool = False,
 ) -> None:
     """Fail the unreadable job held under ``fence`` for good (``corrupt_record``), as the worker
-    that holds it (a claim of its own or an expired lease it found). Whatever stops that (its
-    id unknown, a lost lease, a failed write) is logged: the lease ends and it comes back."""
+    that holds it: by a claim of its own, or (``expired_only``: only if its lease has ended at
+    ``now``) as a sweeper that found it. Whatever stops that (its id unknown, a lost or renewed
+    lease, a failed write) is logged: the lease ends and it comes back."""
     if exc.task_id is None or fence is None:
         log.error("%s; it stays claimed until its lease ends", exc)
         return
@@ -64,11 +70,17 @@ async def fail_unreadable(
         retryable=False,
     )
     try:
-        await backend.finish(exc.task_id, fence, Fail(error, UNREADABLE_TTL_S), now=now)
+        await backend.finish(
+            exc.task_id,
+            fence,
+            Fail(error, UNREADABLE_TTL_S),
+            now=now,
+            only_if_lease_expired=expired_only,
+        )
     except CorruptRecordError:
         pass  # failed, and still unreadable: the write took effect before the read back
     except LeaseLostError:
-        return  # a cancel, or another worker's sweeper, got there first
+        return  # a cancel, another worker's sweeper or a heartbeat got there first
     except BackburnerError as failed:
         log.error("%s; failing it failed too (%s)", exc, failed, extra={"task_id": exc.task_id})
         return

@@ -141,15 +141,25 @@ class PipelineContext:
             result = round_trip(value, f"the result of step {name!r}")
         except InvalidInputError as exc:
             raise InvalidResultError(str(exc)) from None
-        await self._ctx.backend.append_event(
-            self.job_id,
-            self._ctx.fence,
-            STEP_EVENT,
-            {"name": name, "result": result},
-            now=self._ctx.clock.now(),
-        )
-        self._results[name] = result
+        await self._record(name, result)
         return result
+
+    async def _record(self, name: str, result: Any) -> None:
+        """Store a step's (or a map's) result as its ``step`` event. One that cannot be stored
+        fails the job at once: its record nests two levels deeper than the result itself."""
+        try:
+            await self._ctx.backend.append_event(
+                self.job_id,
+                self._ctx.fence,
+                STEP_EVENT,
+                {"name": name, "result": result},
+                now=self._ctx.clock.now(),
+            )
+        except InvalidInputError as exc:
+            raise InvalidResultError(
+                f"the result of step {name!r} cannot be stored: {exc}"
+            ) from None
+        self._results[name] = result
 
     # -- children ----------------------------------------------------------------------------
 
@@ -245,14 +255,7 @@ class PipelineContext:
             if not partial and child is not None:
                 raise _child_failed(name, index, child)
             results.append(None)
-        await self._ctx.backend.append_event(
-            self.job_id,
-            self._ctx.fence,
-            STEP_EVENT,
-            {"name": name, "result": results},
-            now=self._ctx.clock.now(),
-        )
-        self._results[name] = results
+        await self._record(name, results)
         return results
 
     async def _enqueue(

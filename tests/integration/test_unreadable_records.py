@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -71,7 +72,8 @@ async def stored_state(store: Backend, task_id: str) -> tuple[str, dict[str, obj
 
 
 async def test_a_worker_fails_an_unreadable_job_and_runs_the_others(store: Backend) -> None:
-    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)
+    # A lease far longer than the test: no sweeper fails the job, only the claim that met it.
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS.replace(lease_s=600.0))
     ran: list[int] = []
 
     @bb.task(max_attempts=3)
@@ -141,15 +143,8 @@ async def test_a_sweeper_fails_an_unreadable_job_whose_lease_ended(store: Backen
 
 async def test_the_webhook_of_an_unreadable_job_says_it_failed(store: Backend) -> None:
     job, _ = await store.enqueue(new_job("t", now=1.0, webhook_url="https://hooks.example.com/in"))
-    await store.claim("w", limit=1, now=2.0, lease_s=30.0)
     await damage(store, job.task_id)
-    # What a claim does with a record it cannot read (it is failed by the claimer).
-    assert await store.claim("w", limit=1, now=2.5, lease_s=30.0) == []
-    if isinstance(store, SQLiteBackend):
-        await store._fail_unreadable([(CorruptRecordError(job.task_id, "damaged"), 1)], 3.0)
-    else:
-        assert isinstance(store, RedisBackend)
-        await store._fail_unreadable(CorruptRecordError(job.task_id, "damaged"), 3.0)
+    assert await store.claim("w", limit=1, now=2.0, lease_s=30.0) == []  # failed, not run
     assert (await stored_state(store, job.task_id))[0] == "failed"
     [message] = await store.claim_webhooks(now=4.0, limit=10, lease_s=30.0)
     assert (message.task_id, message.event) == (job.task_id, "task.failed")
@@ -157,15 +152,55 @@ async def test_the_webhook_of_an_unreadable_job_says_it_failed(store: Backend) -
     assert body == {"type": "task.failed", "task_id": job.task_id, "status": "failed"}
 
 
-async def test_a_job_handed_to_a_redis_worker_unreadable_is_failed(tmp_path: Path) -> None:
+async def test_a_sweeper_fails_an_unreadable_job_only_once_its_lease_ended(
+    store: Backend,
+) -> None:
+    job, _ = await store.enqueue(new_job("t", now=990.0))
+    await store.claim("w", limit=1, now=995.9, lease_s=5.0)  # its lease ends at 1000.9
+    await damage(store, job.task_id)
+    # (Redis reads every lease of the second 1000, ended or not.)
+    assert await store.expired_leases(now=1000.2, limit=10) == []
+    assert (await stored_state(store, job.task_id))[0] == "processing"
+    assert await store.expired_leases(now=1001.0, limit=10) == []
+    status, error = await stored_state(store, job.task_id)
+    assert status == "failed" and error is not None and error["type"] == "corrupt_record"
+
+
+async def test_a_job_handed_to_a_redis_worker_unreadable_is_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with opened("redis", tmp_path) as store:
         assert isinstance(store, RedisBackend)
-        job, _ = await store.enqueue(new_job("t", now=1.0))
-        await store.claim("w", limit=1, now=2.0, lease_s=30.0)
-        await damage(store, job.task_id)
-        [document] = await store._run("read_jobs", job.task_id)  # as a hand-off brings it
-        assert store._taken_one(document, 3.0) is None
-        await eventually(lambda: _is_failed(store, job.task_id), message="the handed job failed")
+        bb = Backburner(store, settings=WORKER_TEST_SETTINGS.replace(lease_s=600.0))
+
+        @bb.task
+        async def t(ctx: JobContext) -> None:
+            raise AssertionError("an unreadable job must not run")
+
+        async with running_worker(bb, concurrency=2) as worker:
+            # A job claimed for the idle worker and published to it, as an enqueue's hand-off
+            # does, but damaged on the way: due in an hour, so nobody else claims it.
+            later = time.time() + 3600
+            job, _ = await store.enqueue(new_job("t", now=time.time(), run_at=later))
+            [held] = await store.claim(worker.worker_id, limit=1, now=later, lease_s=600.0)
+            assert held.task_id == job.task_id
+            await damage(store, job.task_id)
+            [document] = await store._run("read_jobs", job.task_id)
+            client = aioredis.Redis.from_url(REDIS_TEST_URL)
+            try:
+                channel = f"{{{store.prefix}}}:hand:{worker.worker_id}"
+                await eventually(lambda: _subscribed(client, channel), message="its hand-off")
+                assert await client.publish(channel, document) == 1
+            finally:
+                await client.aclose()
+            await eventually(lambda: _is_failed(store, job.task_id), message="the handed job")
+            assert not worker.running
+    # Failed as it arrived, not left for a later wait by a delivery that broke.
+    assert not [r for r in caplog.records if "could not be delivered" in r.getMessage()]
+
+
+async def _subscribed(client: aioredis.Redis, channel: str) -> bool:
+    return dict(await client.pubsub_numsub(channel)).get(channel.encode(), 0) > 0
 
 
 async def test_a_job_damaged_while_it_runs_settles_and_then_fails(
@@ -198,3 +233,33 @@ async def test_a_job_damaged_while_it_runs_settles_and_then_fails(
     assert stored[0].startswith(f"job {job.task_id}: outcome stored, but its stored record cannot")
     status, error = await stored_state(store, job.task_id)
     assert status == "failed" and error is not None and error["type"] == "corrupt_record"
+
+
+@pytest.mark.parametrize(
+    ("column", "damaged", "reason"),
+    [
+        ("input", "'{'", "input: not JSON"),
+        ("metadata", "CAST(X'7B2261223A22FF227D' AS TEXT)", "Invalid JSON"),  # not UTF-8
+        ("history", "'['", "history: not JSON"),
+        ("result", "'nope'", "result: not JSON"),
+    ],
+)
+async def test_sqlite_text_that_is_no_json_or_no_utf8_costs_its_job_alone(
+    tmp_path: Path, column: str, damaged: str, reason: str
+) -> None:
+    # SQLite's own JSON functions and sqlite3's decoding would fail the whole statement: the
+    # claim, the listing, the sweep of every job, not just this one's.
+    async with opened("sqlite", tmp_path) as store:
+        assert isinstance(store, SQLiteBackend)
+        bad, _ = await store.enqueue(new_job("t", now=1.0))
+        good, _ = await store.enqueue(new_job("t", now=2.0))
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(f"UPDATE jobs SET {column} = {damaged} WHERE task_id = ?", (bad.task_id,))
+        with pytest.raises(CorruptRecordError, match=reason) as caught:
+            await store.get(bad.task_id)
+        assert caught.value.task_id == bad.task_id
+        assert [job.task_id for job in (await store.list_jobs(limit=10)).jobs] == [good.task_id]
+        [claimed] = await store.claim("w", limit=10, now=3.0, lease_s=30.0)
+        assert claimed.task_id == good.task_id
+        status, error = await stored_state(store, bad.task_id)
+        assert status == "failed" and error is not None and error["type"] == "corrupt_record"

@@ -206,16 +206,29 @@ async def test_a_step_result_that_cannot_be_stored_fails_the_job_at_once(bb: Bac
         runs["tags"] += 1
         return {"not", "json"}
 
+    def deep() -> list[Any]:  # as deep as a stored value may be: its step record is deeper
+        runs["deep"] += 1
+        value: Any = 0
+        for _ in range(192):
+            value = [value]
+        return list(value)
+
     @bb.pipeline(max_attempts=3)
     async def tagging(ctx: Any) -> None:
         await ctx.step("tags", tags)
 
+    @bb.pipeline(max_attempts=3)
+    async def nesting(ctx: Any) -> None:
+        await ctx.step("deep", deep)
+
     async with bb, running_worker(bb, concurrency=1):
         done = await bb.wait((await bb.enqueue("tagging")).task_id, timeout=30)
-    assert done.status == JobStatus.FAILED and done.error is not None
-    assert (done.error.type, done.error.retryable) == ("invalid_result", False)
-    assert "the result of step 'tags'" in done.error.message
-    assert done.attempts == 1 and runs["tags"] == 1  # the same result again would not help
+        nested = await bb.wait((await bb.enqueue("nesting")).task_id, timeout=30)
+    for job, step in ((done, "tags"), (nested, "deep")):
+        assert job.status == JobStatus.FAILED and job.error is not None
+        assert (job.error.type, job.error.retryable) == ("invalid_result", False)
+        assert f"the result of step {step!r}" in job.error.message
+        assert job.attempts == 1 and runs[step] == 1  # the same result again would not help
 
 
 async def test_the_last_child_wakes_its_parent_without_waiting_for_a_poll(
