@@ -69,3 +69,9 @@ def configure_logging(level: int, *, json_lines: bool | None = None) -> None:
     handler.setFormatter(JsonFormatter() if use_json else logging.Formatter(_READABLE))
     root.addHandler(handler)
     root.setLevel(level)
+    # httpx logs every request's whole URL at INFO: a webhook URL's token, a model server's
+    # password. Its warnings still come through.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(level, logging.WARNING))
+    # A handler's warnings.warn goes through the same handler (one JSON object a line).
+    logging.captureWarnings(True)

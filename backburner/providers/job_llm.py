@@ -126,6 +126,16 @@ class JobLLM:
             raise ProviderRequestError("give exactly one of prompt or messages")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ProviderRequestError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        if temperature is not None and not (
+            isinstance(temperature, int | float)
+            and not isinstance(temperature, bool)
+            and 0.0 <= temperature <= 2.0
+        ):
+            raise ProviderRequestError(f"temperature must be from 0 to 2, got {temperature!r}")
+        if isinstance(stop, str):
+            stop = (stop,)  # one stop sequence, not one per character
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ProviderRequestError(f"stop must be strings that are not empty, got {stop!r}")
         try:
             chat = messages_from(messages) if messages is not None else ()
         except ValueError as exc:

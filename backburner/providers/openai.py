@@ -6,9 +6,12 @@ events with httpx; maps failures to ``ProviderError`` subclasses the retry polic
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from collections.abc import AsyncGenerator
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -54,11 +57,36 @@ class OpenAIProvider:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.shown_url = _without_userinfo(self.base_url)
+        """The base URL as messages and logs show it: no user name or password."""
         self.stream_usage = stream_usage
         """Send ``stream_options.include_usage`` (off for servers that refuse it)."""
         hdrs = {"Accept": "text/event-stream", **(headers or {})}
         if api_key:
             hdrs["Authorization"] = f"Bearer {api_key}"
+        for name, value in hdrs.items():
+            if not _HEADER_VALUE.fullmatch(value):  # (its value is never shown: it may be a key)
+                raise ProviderRequestError(
+                    f"{self.shown_url}: header {name!r} holds characters an HTTP header cannot"
+                    " carry (a line break, a control or non-ASCII character)"
+                )
+        # Whatever the server or a library echoes of these never reaches a message.
+        # (httpx sends a user and password in the URL as Basic auth, in place of the key.)
+        parts = urlsplit(self.base_url)
+        basic = None
+        if parts.password:
+            pair = f"{unquote(parts.username or '')}:{unquote(parts.password)}"
+            basic = base64.b64encode(pair.encode()).decode()
+        self._secrets = [
+            secret
+            for secret in (
+                api_key,
+                parts.password,
+                parts.password and unquote(parts.password),
+                basic,
+            )
+            if secret
+        ]
         # read_timeout_s bounds the silence between two chunks; timeout_s the wait for a pooled
         # connection and for sending the request. The job's timeout bounds the whole call.
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, read=read_timeout_s)
@@ -101,15 +129,19 @@ class OpenAIProvider:
                 "POST", "/chat/completions", json=self.body(request)
             ) as response:
                 if not 200 <= response.status_code < 300:
-                    await response.aread()
-                    raise error_from_response(response, request.model)
-                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    body = await _read_at_most(response, ERROR_BODY_BYTES)
+                    raise error_from_response(response, request.model, body)
+                content_type = response.headers.get("content-type", "").lower()
+                if "text/event-stream" not in content_type:
                     # A server that ignored "stream": a whole answer, or an error, as JSON.
-                    await response.aread()
-                    for item in _whole_answer(response, request):
+                    body = await _read_at_most(response, _answer_bytes(request))
+                    for item in _whole_answer(response, request, body):
                         yield item
                     return
-                async for line in response.aiter_lines():
+                # Past this many characters the server ignores max_tokens: the answer ends
+                # there, as at max_tokens (a token is about 4 characters; twice that is slack).
+                allowed, chars = 8 * request.max_tokens + 256, 0
+                async for line in _lines(response, _line_chars(request)):
                     if not line.startswith("data:"):
                         continue  # comments (": keep-alive"), event names, blank separators
                     data = line[5:].strip()
@@ -123,34 +155,111 @@ class OpenAIProvider:
                         usage = chunk["usage"]
                     for delta, reason in _choices(chunk):
                         if delta:
+                            delta = delta[: allowed - chars]
+                            chars += len(delta)
                             produced.append(delta)
                             yield delta
                         finish = reason or finish
+                    if chars >= allowed:
+                        finish, usage = "length", None  # (its count, if any, is not ours)
+                        break
         except httpx.TimeoutException as exc:
-            where = "mid-stream" if produced else "before the first token"
-            kind = type(exc).__name__
-            raise ProviderUnavailableError(f"{self.base_url}: {kind} {where}") from None
+            if finish is None:  # silent after the model finished (before [DONE]): complete
+                where = "mid-stream" if produced else "before the first token"
+                kind = type(exc).__name__
+                raise ProviderUnavailableError(f"{self.shown_url}: {kind} {where}") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             if finish is None:  # broken after the model finished (before [DONE]): complete
                 if produced:
                     raise StreamInterruptedError(
-                        f"{self.base_url}: the stream broke after {len(produced)} deltas ({exc})"
+                        self._clean(
+                            f"{self.shown_url}: the stream broke after {len(produced)} deltas"
+                            f" ({exc})"
+                        )
                     ) from None
                 raise ProviderUnavailableError(
-                    f"{self.base_url}: {exc or type(exc).__name__}"
+                    self._clean(f"{self.shown_url}: {exc or type(exc).__name__}")
                 ) from None
         except httpx.TransportError as exc:  # connect refused, DNS, TLS, ...
             raise ProviderUnavailableError(
-                f"{self.base_url}: {type(exc).__name__}: {exc or 'connection failed'}"
+                self._clean(f"{self.shown_url}: {type(exc).__name__}: {exc or 'connection failed'}")
             ) from None
         except httpx.HTTPError as exc:  # a body that does not decode, ...
             kind = type(exc).__name__
-            raise ProviderUnavailableError(f"{self.base_url}: {kind}: {exc}") from None
+            raise ProviderUnavailableError(
+                self._clean(f"{self.shown_url}: {kind}: {exc}")
+            ) from None
+        except ProviderError as exc:  # the server's words may echo what it was sent
+            exc.args = (self._clean(str(exc)),)
+            raise
         if not done and finish is None:
             raise StreamInterruptedError(
-                f"{self.base_url}: the stream ended without [DONE] after {len(produced)} deltas"
+                f"{self.shown_url}: the stream ended without [DONE] after {len(produced)} deltas"
             )
         yield _usage(usage, request, "".join(produced), finish)
+
+    def _clean(self, text: str) -> str:
+        """``text`` without the key or password this provider sends (a server or a library
+        may echo them), and at most MESSAGE_CHARS long."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
+
+
+ERROR_BODY_BYTES = 64 * 1024
+"""Of an error answer, this much is read: its message is all it is read for."""
+
+MESSAGE_CHARS = 2000
+"""A provider error's message (what the job's error shows) is cut to this length."""
+
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def _answer_bytes(request: GenerationRequest) -> int:
+    """The most a whole (not streamed) answer may take: 64 bytes a token, and some room."""
+    return 64 * 1024 + 64 * request.max_tokens
+
+
+def _line_chars(request: GenerationRequest) -> int:
+    """The longest line of an event stream read: a chunk of one delta is far shorter."""
+    return 64 * 1024 + 64 * request.max_tokens
+
+
+async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The first ``limit`` bytes of the body (the rest is never read: the connection closes)."""
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) >= limit:
+            break
+    return bytes(body[:limit])
+
+
+async def _lines(response: httpx.Response, limit: int) -> AsyncGenerator[str, None]:
+    """The lines of an event stream (ended by CR, LF or CRLF, as the SSE format has it: a CRLF
+    split between two reads makes one empty line more, which ends no data); one longer than
+    ``limit`` characters is a server gone wrong (a permanent error)."""
+    pending = ""
+    async for text in response.aiter_text():
+        *lines, pending = _LINE_BREAK.split(pending + text)
+        for line in lines:
+            yield line
+        if len(pending) > limit:
+            raise ProviderRequestError(
+                f"the event stream sent a line of over {limit} characters",
+                status=response.status_code,
+            )
+    if pending:
+        yield pending
 
 
 def _choices(chunk: dict[str, Any]) -> list[tuple[str | None, str | None]]:
@@ -170,15 +279,17 @@ def _choices(chunk: dict[str, Any]) -> list[tuple[str | None, str | None]]:
     return out
 
 
-def _whole_answer(response: httpx.Response, request: GenerationRequest) -> list[str | Usage]:
-    """A non-streamed completion read as one delta and its usage."""
+def _whole_answer(
+    response: httpx.Response, request: GenerationRequest, body: bytes
+) -> list[str | Usage]:
+    """A non-streamed completion (its ``body``) read as one delta and its usage."""
     try:
-        payload = response.json()
+        payload = json.loads(body)
     except ValueError:
         kind = response.headers.get("content-type", "no content type")
         raise ProviderRequestError(
             f"{response.status_code} from {response.request.url.host} is not an event stream"
-            f" ({kind}): {response.text[:200]!r}",
+            f" ({kind}): {body[:200].decode(errors='replace')!r}",
             status=response.status_code,
         ) from None
     if isinstance(payload, dict) and payload.get("error"):
@@ -238,13 +349,15 @@ def _message_of(payload: Any) -> tuple[str, str]:
     return str(payload), ""
 
 
-def error_from_response(response: httpx.Response, model: str) -> ProviderError:
-    """The ProviderError for an HTTP error answer."""
+def error_from_response(response: httpx.Response, model: str, body: bytes) -> ProviderError:
+    """The ProviderError for an HTTP error answer (``body``: as much of it as was read)."""
     try:
-        payload: Any = response.json()
+        payload: Any = json.loads(body)
     except ValueError:
-        payload = response.text[:500]
+        payload = body[:500].decode(errors="replace")
     message, code = _message_of(payload)
+    if len(message) > MESSAGE_CHARS:
+        message = message[: MESSAGE_CHARS - 1] + "…"
     text = f"{response.status_code} from {response.request.url.host}: {message}"
     after = parse_retry_after(response.headers.get("retry-after"))
     return error_for_status(response.status_code, text, code, model, after)
@@ -275,6 +388,8 @@ def _error_in_stream(error: Any, model: str) -> ProviderError:
     if _is_context_error(message + " " + code):
         return ContextLengthExceededError(message)
     status = error.get("code") if isinstance(error, dict) else None
+    if isinstance(status, str) and status.isascii() and status.isdigit():
+        status = int(status)  # ("code": "400", as some servers write it)
     if isinstance(status, int) and not isinstance(status, bool) and 300 <= status < 600:
         return error_for_status(status, f"the provider reported: {message}", code, model)
     if "rate_limit" in code or "rate limit" in message.lower():

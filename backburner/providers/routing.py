@@ -23,6 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..configfile import load_config as load_file
 from ..errors import ConfigurationError, ModelNotFoundError, ProviderAuthError
@@ -99,7 +100,9 @@ def _route(name: str, raw: Any) -> ModelRoute:
     if kind not in KINDS:
         raise ConfigurationError(f"{where}.provider must be one of {list(KINDS)}, got {kind!r}")
     base_url = raw.get("base_url")
-    if kind == "openai" and not (isinstance(base_url, str) and base_url.startswith("http")):
+    if kind == "openai" and not (
+        isinstance(base_url, str) and urlsplit(base_url).scheme in ("http", "https")
+    ):
         raise ConfigurationError(f"{where}.base_url must be an http(s) URL for provider openai")
     limit = raw.get("max_concurrent")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
@@ -278,7 +281,8 @@ def _make_provider(route: ModelRoute) -> Provider:
 
     key = None
     if route.api_key_env:
-        key = os.environ.get(route.api_key_env)
+        # (A key read from a file or a secret mount often ends in a newline.)
+        key = (os.environ.get(route.api_key_env) or "").strip()
         if not key:
             raise ProviderAuthError(
                 f"model {route.name!r}: its API key variable {route.api_key_env} is unset"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from unittest.mock import AsyncMock
@@ -125,3 +128,29 @@ def test_configure_logging_leaves_an_applications_own_handlers_alone() -> None:
         assert root.handlers == before and root.level == level
     finally:
         root.removeHandler(theirs)
+
+
+def test_the_cli_logs_keep_urls_out_and_warnings_in_their_lines() -> None:
+    # A fresh process, as the CLI is: httpx's INFO line of each request (a webhook URL's
+    # token in it) is not written, and a handler's warnings.warn is one JSON line too.
+    script = (
+        "import logging, warnings\n"
+        "from backburner.observability.logs import configure_logging\n"
+        "configure_logging(logging.INFO, json_lines=True)\n"
+        "logging.getLogger('httpx').info('HTTP Request: POST https://h.test/?token=SECRET')\n"
+        "logging.getLogger('httpx').warning('httpx says: careful')\n"
+        "warnings.warn('deprecated thing', DeprecationWarning, stacklevel=1)\n"
+        "logging.getLogger('backburner.worker').info('still here')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [line["message"] for line in lines[:1]] == ["httpx says: careful"]
+    assert "deprecated thing" in lines[1]["message"] and lines[1]["logger"] == "py.warnings"
+    assert lines[2]["message"] == "still here" and len(lines) == 3
+    assert "SECRET" not in done.stderr

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from backburner import Backburner, Job, JobStatus
+from backburner import Backburner, Job, JobContext, JobStatus
 from backburner.builtin import install_builtin_tasks
 from backburner.providers import ModelRouter
 
@@ -212,6 +212,35 @@ async def test_bad_generation_arguments_fail_at_once(make: Any) -> None:
     job = await run_one(bb, messages=[{"role": "bogus", "content": "x"}])
     assert job.status is JobStatus.FAILED and job.attempts == 1
     assert job.error is not None and job.error.type == "invalid_request"
+
+
+async def test_odd_sampling_arguments_fail_at_once_and_one_stop_is_one_sequence(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    name = tag("ok")
+    bb = await make({"gpt": route(fake, name)})
+
+    @bb.task(max_attempts=3)
+    async def sample(ctx: JobContext, temperature: str | None = None, stop: Any = ()) -> str:
+        degrees = None if temperature is None else float(temperature)  # ("nan" too)
+        generated = await ctx.llm.generate("Hi", model="gpt", temperature=degrees, stop=stop)
+        return generated.text
+
+    async with running_worker(bb, concurrency=4):
+        nan = await bb.enqueue("sample", {"temperature": "nan"})
+        hot = await bb.enqueue("sample", {"temperature": "2.5"})
+        empty = await bb.enqueue("sample", {"stop": [""]})
+        one = await bb.enqueue("sample", {"stop": "abc"})
+        done = {
+            job.task_id: await bb.wait(job.task_id, timeout=30) for job in (nan, hot, empty, one)
+        }
+    for job in (nan, hot, empty):
+        failed = done[job.task_id]
+        assert failed.status is JobStatus.FAILED and failed.attempts == 1
+        assert failed.error is not None and failed.error.type == "invalid_request"
+    assert done[one.task_id].status is JobStatus.COMPLETED
+    [call] = fake.state.calls_of(name)
+    assert call.body["stop"] == ["abc"]
 
 
 async def test_a_task_that_stops_reading_a_stream_keeps_its_tokens_and_usage(make: Any) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from backburner.errors import (
     ContextLengthExceededError,
+    ProviderAuthError,
     ProviderRequestError,
     ProviderUnavailableError,
     RateLimitedError,
@@ -134,3 +135,110 @@ async def test_stream_usage_can_be_turned_off_for_servers_that_refuse_it() -> No
     provider = OpenAIProvider("http://upstream.test/v1", stream_usage=False)
     assert "stream_options" not in provider.body(REQUEST)
     await provider.aclose()
+
+
+async def stream_with(
+    handler: Callable[[httpx.Request], httpx.Response],
+    request: GenerationRequest = REQUEST,
+    **options: Any,
+) -> list[str | Usage]:
+    provider = OpenAIProvider(
+        options.pop("base_url", "http://upstream.test/v1"),
+        transport=httpx.MockTransport(handler),
+        **options,
+    )
+    try:
+        return [item async for item in provider.stream(request)]
+    finally:
+        await provider.aclose()
+
+
+def echoing(request: httpx.Request) -> httpx.Response:
+    echo = f"invalid {request.headers['authorization']} for {request.url}" + "!" * 5000
+    return httpx.Response(401, json={"error": {"message": echo}})
+
+
+@pytest.mark.parametrize(
+    ("options", "shown"),
+    [
+        ({"api_key": "sk-SECRET-1"}, "invalid Bearer *** for http://upstream.test/v1/chat"),
+        (
+            {"base_url": "http://alice:pw-SECRET-2@upstream.test/v1"},
+            "invalid Basic *** for http://alice:***@upstream.test/v1/chat",
+        ),
+    ],
+)
+async def test_what_the_server_echoes_of_the_key_or_password_is_never_shown(
+    options: dict[str, Any], shown: str
+) -> None:
+    with pytest.raises(ProviderAuthError) as caught:
+        await stream_with(echoing, **options)
+    message = str(caught.value)
+    assert "SECRET" not in message and "YWxpY2U6cHctU0VDUkVULTI" not in message
+    assert shown in message, message
+    assert len(message) <= 2000 and message.endswith("…")
+
+
+async def test_a_broken_stream_names_the_server_without_its_password() -> None:
+    parts = [chunk("a")]
+    with pytest.raises(StreamInterruptedError) as caught:
+        await stream_with(
+            lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)),
+            base_url="http://alice:pw-SECRET@upstream.test/v1",
+        )
+    assert str(caught.value).startswith("http://upstream.test/v1: the stream ended without")
+
+
+@pytest.mark.parametrize("value", ["sk-bad\nkey", "sk-ÉSECRET", "tab\there"])
+async def test_a_header_no_request_can_carry_is_refused_without_showing_it(value: str) -> None:
+    with pytest.raises(ProviderRequestError) as caught:
+        OpenAIProvider("http://upstream.test/v1", api_key=value)
+    assert "Authorization" in str(caught.value) and value not in str(caught.value)
+    assert not caught.value.retryable
+
+
+async def test_a_server_that_ignores_max_tokens_is_cut_off_as_at_the_limit() -> None:
+    request = GenerationRequest(model="m", prompt="hi", max_tokens=16)  # 8 * 16 + 256 chars
+    parts = [chunk("x" * 100) for _ in range(1000)]
+    items = await stream_with(
+        lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)), request
+    )
+    text = "".join(item for item in items if isinstance(item, str))
+    assert len(text) == 8 * 16 + 256
+    usage = items[-1]
+    assert isinstance(usage, Usage) and usage.finish_reason == "length" and usage.estimated
+
+
+async def test_an_endless_line_is_a_permanent_error_not_a_memory_blowup() -> None:
+    parts = [b"data: " + b"x" * 65536 for _ in range(100)]  # 6.5 MB, never a line break
+    with pytest.raises(ProviderRequestError, match="a line of over"):
+        await stream_with(lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)))
+
+
+async def test_lines_end_at_cr_lf_or_crlf_even_split_between_reads() -> None:
+    first, second = chunk("a").replace(b"\n", b"\r\n"), chunk(" b", "stop")
+    parts = [first[:-1], first[-1:] + second.replace(b"\n", b"\r"), b"data: [DONE]\r\n"]
+    items = await stream_with(lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)))
+    assert items[:2] == ["a", " b"]
+    assert isinstance(items[2], Usage) and items[2].finish_reason == "stop"
+
+
+async def test_silence_after_the_finish_reason_is_a_complete_answer() -> None:
+    parts = [chunk("a"), chunk(" b", "stop")]
+    error = httpx.ReadTimeout("no [DONE], no close")
+    items = await run(lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts, error)))
+    assert items[:2] == ["a", " b"]
+    assert isinstance(items[2], Usage) and items[2].finish_reason == "stop"
+
+
+async def test_the_content_type_is_read_whatever_its_case() -> None:
+    headers = {"content-type": "Text/Event-Stream; charset=utf-8"}
+    parts = [chunk("a", "stop"), b"data: [DONE]\n\n"]
+    items = await run(lambda r: httpx.Response(200, headers=headers, stream=Chunks(parts)))
+    assert items[0] == "a"
+
+
+async def test_an_error_code_written_as_text_keeps_its_meaning() -> None:
+    parts = [b'data: {"error": {"message": "bad value", "code": "400"}}\n\n']
+    with pytest.raises(ProviderRequestError):
+        await run(lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)))

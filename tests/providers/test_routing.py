@@ -21,6 +21,7 @@ from backburner.errors import (
 )
 from backburner.providers import GenerationRequest, ModelRouter, SimulatedProvider, Usage
 from backburner.providers.base import parse_retry_after
+from backburner.providers.openai import OpenAIProvider
 from backburner.worker.retry import RetryPolicy
 
 OPENAI = {"provider": "openai", "base_url": "http://127.0.0.1:9/v1"}
@@ -167,3 +168,21 @@ def test_provider_errors_become_job_errors_with_their_own_type_and_wait() -> Non
     assert (error.type, error.retryable, delay) == ("rate_limited", True, 2.5)
     error, delay = policy.classify(ContextLengthExceededError("too long"), None)
     assert (error.type, error.retryable, delay) == ("context_length_exceeded", False, None)
+
+
+async def test_a_key_read_with_its_trailing_newline_is_sent_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BB_TEST_KEY", "sk-from-a-file\n")
+    router = ModelRouter({"models": {"m": {**OPENAI, "api_key_env": "BB_TEST_KEY"}}})
+    provider = router.provider(router.route("m"))
+    try:
+        assert isinstance(provider, OpenAIProvider)
+        assert provider._client.headers["authorization"] == "Bearer sk-from-a-file"
+    finally:
+        await router.aclose()
+
+
+def test_a_base_url_must_be_http_or_https() -> None:
+    with pytest.raises(ConfigurationError, match="base_url must be an http"):
+        ModelRouter({"models": {"m": {**OPENAI, "base_url": "httpfoo://x"}}})
