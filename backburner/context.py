@@ -34,6 +34,10 @@ def activate(ctx: JobContext) -> None:
     _current.set(ctx)
 
 
+MAX_EVENT_TYPE_CHARS = 200
+"""The longest event type ``ctx.emit`` takes."""
+
+
 class JobContext:
     """Handed to every handler as its first argument. Writes are fenced by the attempt."""
 
@@ -136,12 +140,16 @@ class JobContext:
         if (
             not isinstance(type, str)
             or not type
+            or len(type) > MAX_EVENT_TYPE_CHARS
             or type in RESERVED_EVENT_TYPES
             or not is_unicode(type)
+            or not type.isprintable()
         ):
+            # (Printable: a line break would end the SSE field it is written in, and what
+            # follows would read as events of its own.)
             raise InvalidInputError(
-                f"event type must be a non-empty string (Unicode) other than"
-                f" {sorted(RESERVED_EVENT_TYPES)}"
+                f"event type must be a non-empty string of at most {MAX_EVENT_TYPE_CHARS}"
+                f" printable characters (Unicode), other than {sorted(RESERVED_EVENT_TYPES)}"
             )
         return await self._backend.append_event(
             self.job_id, self.fence, type, data, now=self._clock.now()

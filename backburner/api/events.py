@@ -114,7 +114,10 @@ class EventHub:
 def format_event(event: Event) -> str:
     """One SSE message: ``id`` is the event's seq, ``event`` its type, ``data`` the event."""
     payload = json.dumps(event.model_dump(mode="json"), separators=(",", ":"))
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {payload}\n\n"
+    # A type with a line break (ctx.emit refuses one; an older release did not) would end
+    # its field, and what follows would read as events of its own.
+    kind = event.type.replace("\r", " ").replace("\n", " ")
+    return f"id: {event.seq}\nevent: {kind}\ndata: {payload}\n\n"
 
 
 PAST_THE_LOG_POLL_S = 1.0

@@ -118,7 +118,8 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
 def _after_cancel(attempt: Attempt) -> Outcome | None:
     if attempt.stop_reason == SHUTDOWN:
         return Release()
-    if attempt.stop_reason in (CANCELLED, LEASE_LOST):
+    if attempt.stop_reason in (CANCELLED, LEASE_LOST) and not attempt.settled:
+        # (Once: the handler's runner and the attempt around it both come here.)
         log.info(
             "job %s: stopped (%s)",
             attempt.job.task_id,
@@ -180,6 +181,14 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
             raise
         return outcome
     except _FailNowError as exc:
+        log.info(
+            "job %s attempt %d failed: %s: %s",
+            job.task_id,
+            job.attempts,
+            exc.error.type,
+            exc.error.message,
+            extra=job_fields(job, "attempt_failed"),
+        )
         return Fail(exc.error, max(job.ttl_s, policy.dead_letter_ttl_s))
     except Suspend as exc:
         return Wait(app.clock.now() + exc.after, exc.reason)
@@ -247,6 +256,12 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
         if isinstance(outcome, Complete):
             await app.hooks.complete(stored_job)
         elif isinstance(outcome, Fail):
+            log.warning(
+                "job %s failed for good (%s): it is in the dead-letter queue",
+                job.task_id,
+                outcome.error.type,
+                extra=job_fields(stored_job, "dead_lettered"),
+            )
             await app.hooks.fail(stored_job)
         elif isinstance(outcome, RetryAt):
             await app.hooks.retry(stored_job, outcome.error)
@@ -292,6 +307,14 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
             if isinstance(outcome, Fail):
                 raise
             error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
+            log.info(
+                "job %s attempt %d failed: %s: %s",
+                job.task_id,
+                job.attempts,
+                error.type,
+                error.message,
+                extra=job_fields(job, "attempt_failed"),
+            )
             outcome = Fail(error, dead_letter_ttl)
         except CorruptRecordError as exc:  # written, but the job cannot be read back
             log.error("job %s: outcome stored, but %s", job.task_id, exc.args[0].partition(": ")[2])

@@ -38,6 +38,17 @@ async def test_seq_grows_by_one_per_job(backend: Backend) -> None:
     assert all(e.task_id == a.task_id for e in events)
 
 
+@pytest.mark.parametrize("after", [6, 10**14 - 1, 10**14, 10**15 + 7, 10**18 - 1])
+async def test_reading_past_the_last_event_finds_none_however_far(
+    backend: Backend, after: int
+) -> None:
+    job = await drive(backend, JobStatus.PROCESSING)
+    await backend.append_event(job.task_id, job.fence, "log", {"i": 0}, now=T0 + 10)
+    await backend.append_event(job.task_id, job.fence, "log", {"i": 1}, now=T0 + 11)
+    assert [e.seq for e in await backend.events(job.task_id, after=2)] == [3, 4]
+    assert await backend.events(job.task_id, after=after) == []
+
+
 async def test_event_data_is_stored_as_json(backend: Backend) -> None:
     job = await drive(backend, JobStatus.PROCESSING)
     await backend.append_event(

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from backburner import Backburner, Hooks, Job
+from backburner.api.events import format_event
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Outcome
 from backburner.context import JobContext
 from backburner.errors import BackendError, InvalidInputError
-from backburner.models import JobStatus
+from backburner.models import Event, JobStatus
 from backburner.worker import runner
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
@@ -521,3 +522,67 @@ async def test_a_worker_cancelled_during_its_grace_hands_its_jobs_back_at_once(
     for job in jobs:
         back = await bb.get(job.task_id)
         assert back.status == JobStatus.QUEUED and back.attempts == 0, back
+
+
+async def test_an_event_type_that_could_break_an_sse_stream_is_refused(backend: Backend) -> None:
+    bb = Backburner(backend, settings=FAST)
+
+    @bb.task(max_attempts=1)
+    async def emits(ctx: JobContext) -> list[str]:
+        refused = []
+        for kind in ("x\nid: 999\n\nevent: status", "tab\there", "x" * 201, "ok\u2028"):
+            with pytest.raises(InvalidInputError, match="printable"):
+                await ctx.emit(kind, {})
+            refused.append(kind)
+        await ctx.emit("tool.call é", {})
+        await ctx.emit("y" * 200, {})
+        return refused
+
+    async with running_worker(bb):
+        done = await bb.wait((await bb.enqueue("emits")).task_id, timeout=20)
+    assert done.status == JobStatus.COMPLETED and done.result is not None
+    assert len(done.result) == 4
+    kinds = [event.type for event in await bb.events(done.task_id)]
+    assert "tool.call é" in kinds and "y" * 200 in kinds
+    assert not [kind for kind in kinds if not kind.isprintable()]
+
+
+def test_an_sse_message_keeps_a_stored_line_break_inside_its_field() -> None:
+    event = Event(task_id="task_x", seq=3, type="a\r\nid: 999\n\nevent: b", data=None, at=1.0)
+    message = format_event(event)
+    assert message.count("\n\n") == 1 and message.endswith("\n\n")
+    assert message.splitlines()[:2] == ["id: 3", "event: a  id: 999  event: b"]
+
+
+async def test_a_stop_and_a_dead_letter_are_each_logged_once(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    bb = Backburner(backend, settings=FAST)
+    started = asyncio.Event()
+
+    @bb.task(max_attempts=1)
+    async def waits(ctx: JobContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    @bb.task(max_attempts=1)
+    async def unstorable(ctx: JobContext) -> set[int]:
+        return {1}
+
+    caplog.set_level(logging.INFO, logger="backburner")
+    async with running_worker(bb):
+        waiting = await bb.enqueue("waits")
+        await asyncio.wait_for(started.wait(), 20)
+        await bb.cancel(waiting.task_id)
+        bad = await bb.enqueue("unstorable")
+        done = await bb.wait(bad.task_id, timeout=20)
+        await eventually(lambda: _said(caplog, f"job {waiting.task_id}: stopped"))
+    assert done.error is not None and done.error.type == "invalid_result"
+    assert len(_said(caplog, f"job {waiting.task_id}: stopped (cancelled)")) == 1
+    assert len(_said(caplog, f"job {bad.task_id} attempt 1 failed: invalid_result")) == 1
+    [dead] = _said(caplog, f"job {bad.task_id} failed for good (invalid_result)")
+    assert (dead.levelno, getattr(dead, "event", None)) == (logging.WARNING, "dead_lettered")
+
+
+def _said(caplog: pytest.LogCaptureFixture, start: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith(start)]

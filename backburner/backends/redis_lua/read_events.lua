@@ -46,8 +46,9 @@ for _, r in ipairs(records) do
   end
 end
 table.sort(made, function(a, b) return a[1] < b[1] end)
-local streamed = redis.call('XRANGE', ekey(id), math.max(after, 1) + 1 .. '-0', '+', 'COUNT',
-  limit)
+-- (An id as '%d': Lua writes a number of 15 digits or more as 1e+14, which no id is.)
+local streamed = redis.call('XRANGE', ekey(id), string.format('%d-0', math.max(after, 1) + 1),
+  '+', 'COUNT', limit)
 local out, m, s = {}, 1, 1
 while #out < limit and (m <= #made or s <= #streamed) do
   local here = streamed[s] and tonumber(string.match(streamed[s][1], '^(%d+)'))
