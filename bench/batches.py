@@ -1,6 +1,7 @@
 """Batch benchmark (run by hand, not a test): 10,000 simulated prompts through the HTTP API.
 
     python bench/batches.py                 # SQLite, 3 runs
+    BENCH_BATCH_COUNT=2000 BENCH_PROMPT_CHARS=2000 python bench/batches.py --only batch
     BENCH_REDIS_URL=redis://127.0.0.1:6379/8 python bench/batches.py \
         --out bench/results/batches-redis.json
 
@@ -35,7 +36,10 @@ import report  # bench/report.py, beside this file
 from http_api import service  # bench/http_api.py: the API and worker processes
 
 ROOT = Path(__file__).resolve().parents[1]
-COUNT = 10_000
+COUNT = int(os.environ.get("BENCH_BATCH_COUNT", "10000"))
+_PAD_CHARS = int(os.environ.get("BENCH_PROMPT_CHARS", "0"))
+PAD = " " + "x" * _PAD_CHARS if _PAD_CHARS else ""
+"""BENCH_PROMPT_CHARS: characters added to each prompt (a batch whose record is large)."""
 MAX_TOKENS = 8
 
 
@@ -62,7 +66,11 @@ def _worker_pid() -> int:
 
 async def scenario_batch(url: str, api: subprocess.Popen[bytes]) -> dict[str, float]:
     requests = [
-        {"custom_id": f"req-{i}", "prompt": f"Summarise document {i}", "max_tokens": MAX_TOKENS}
+        {
+            "custom_id": f"req-{i}",
+            "prompt": f"Summarise document {i}{PAD}",
+            "max_tokens": MAX_TOKENS,
+        }
         for i in range(COUNT)
     ]
     body = json.dumps({"requests": requests, "model": "simulated"}).encode()

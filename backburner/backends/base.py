@@ -342,6 +342,11 @@ class Backend(Protocol):
         """The job, or None if it does not exist. A pure read."""
         ...
 
+    async def job_status(self, task_id: str) -> JobStatus | None:
+        """The job's status alone, or None if it does not exist: what a child that starts
+        asks of its parent, whose whole record (a batch's 10,000 inputs) ``get`` would read."""
+        ...
+
     async def list_jobs(
         self,
         *,

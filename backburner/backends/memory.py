@@ -190,6 +190,10 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         stored = self._jobs.get(task_id)
         return None if stored is None else _copy(stored.job)
 
+    async def job_status(self, task_id: str) -> JobStatus | None:
+        stored = self._jobs.get(task_id)
+        return None if stored is None else stored.job.status
+
     async def list_jobs(
         self,
         *,

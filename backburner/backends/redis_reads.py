@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CorruptRecordError
 from ..models import Event, Job, JobStatus
 from .base import Page, Stats, WorkerInfo, parse_cursor
 from .redis_codec import decode_events, decode_job, number
@@ -83,6 +84,13 @@ class RedisReads:
     async def get(self, task_id: str) -> Job | None:
         rows = await self._run("read_jobs", task_id)
         return decode_job(rows[0]) if rows[0] else None
+
+    async def job_status(self, task_id: str) -> JobStatus | None:
+        status = await self._read("HGET", self._p + "j:" + task_id, "status")  # (JSON text)
+        try:
+            return None if status is None else JobStatus(text(status).strip('"'))
+        except ValueError:
+            raise CorruptRecordError(task_id, f"status: {text(status)[:40]!r}") from None
 
     async def list_jobs(
         self,

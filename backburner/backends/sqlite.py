@@ -233,6 +233,14 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
 
         return await self._executor.run(op, write=False)
 
+    async def job_status(self, task_id: str) -> JobStatus | None:
+        def op(conn: sqlite3.Connection) -> JobStatus | None:
+            found = conn.execute("SELECT status FROM jobs WHERE task_id = ?", (task_id,))
+            row = found.fetchone()
+            return None if row is None else JobStatus(row[0])
+
+        return await self._executor.run(op, write=False)
+
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
         def op(conn: sqlite3.Connection) -> list[Event]:
             rows = conn.execute(

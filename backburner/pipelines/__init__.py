@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PipelineDefinitionError
 from ..hooks import Hooks
-from ..models import Job, JobStatus
+from ..models import TERMINAL_STATUSES, Job, JobStatus
 from .context import PIPELINE_EVENTS, PipelineContext, StepRetry
 
 if TYPE_CHECKING:
@@ -109,8 +109,10 @@ class ParentWaker(Hooks):
     async def on_start(self, job: Job) -> None:
         if job.parent_id is None:
             return
-        parent = await self.app.backend.get(job.parent_id)
-        if parent is None or parent.is_terminal:
+        # Its status alone: a batch's record holds all its requests' inputs, and each of its
+        # 10,000 requests asks as it starts.
+        status = await self.app.backend.job_status(job.parent_id)
+        if status is None or status in TERMINAL_STATUSES:
             await self.app.cancel(job.task_id)
 
     async def on_complete(self, job: Job) -> None:

@@ -286,8 +286,7 @@ class PipelineContext:
 
             chunk = range(start, min(start + _SPAWN_CHUNK, len(inputs)))
             ids.extend(await asyncio.gather(*(one(i) for i in chunk)))
-        now = await self._app.backend.get(parent.task_id)
-        if now is not None and now.status == JobStatus.CANCELLED:
+        if await self._app.backend.job_status(parent.task_id) == JobStatus.CANCELLED:
             # Cancelled while it spawned: the cancel's sweep of children may have run before
             # these existed.
             from . import cancel_children

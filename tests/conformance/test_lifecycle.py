@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from backburner.backends import Backend
 from backburner.backends.base import Complete
 from backburner.models import JobStatus
 
-from ._support import T0, claim_one, enqueue, new_job, opened, peer
+from ._support import T0, claim_one, drive, enqueue, new_job, opened, peer
 
 
 async def test_connect_is_idempotent(backend: Backend) -> None:
@@ -44,3 +46,10 @@ async def test_a_second_connection_sees_every_write(backend: Backend) -> None:
         # The idempotency key is shared too.
         existing, created = await other.enqueue(new_job(payload={"q": 1}, idempotency_key="k"))
         assert created is False and existing.task_id == job.task_id
+
+
+@pytest.mark.parametrize("status", list(JobStatus))
+async def test_job_status_reads_the_status_alone(backend: Backend, status: JobStatus) -> None:
+    job = await drive(backend, status)
+    assert await backend.job_status(job.task_id) == status
+    assert await backend.job_status("task_" + "0" * 32) is None
