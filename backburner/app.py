@@ -15,8 +15,10 @@ from .backends.base import DEFAULT_TENANT, NewJob, check_tenant, fingerprint, ne
 from .clock import Clock, SystemClock
 from .errors import (
     ConfigurationError,
+    CorruptRecordError,
     IdempotencyConflictError,
     InvalidInputError,
+    InvalidTransitionError,
     JobNotFoundError,
     UnknownTaskError,
 )
@@ -570,6 +572,15 @@ class Backburner:
         if max_attempts is not None and not _is_count(max_attempts):
             raise InvalidInputError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
         job = await self.get(task_id, tenant=tenant)
+        if job.parent_id is not None:
+            parent = await self.backend.job_status(job.parent_id)
+            if parent is None or parent.is_terminal:
+                # (Its start would cancel it: a child of an ended pipeline or batch never runs.)
+                ended = "is gone" if parent is None else f"is {parent.value}"
+                raise InvalidTransitionError(
+                    f"job {task_id} is a child of {job.parent_id}, which {ended}: it cannot"
+                    " run again on its own"
+                )
         definition = self.tasks.get(job.type)
         budget = max_attempts or (definition.max_attempts if definition else None)
         budget = budget or self.settings.default_max_attempts
@@ -581,10 +592,23 @@ class Backburner:
         )
 
     async def delete(self, task_id: str, *, tenant: str | None = None) -> None:
-        """Delete a terminal job and its events now. JobNotFoundError if missing."""
+        """Delete a terminal job and its events now. JobNotFoundError if missing;
+        InvalidTransitionError if it is running, or a child of a pipeline or batch that is."""
         await self.connect()
-        if tenant is not None:
-            await self.get(task_id, tenant=tenant)
+        try:
+            job: Job | None = await self.get(task_id, tenant=tenant)
+        except CorruptRecordError:
+            if tenant is not None:  # (whose it is cannot be read: only an admin may)
+                raise
+            job = None
+        if job is not None and job.parent_id is not None and job.is_terminal:
+            parent = await self.backend.job_status(job.parent_id)
+            if parent is not None and not parent.is_terminal:
+                # Its parent reads its children's results when they have all ended.
+                raise InvalidTransitionError(
+                    f"job {task_id} is a child of {job.parent_id}, which is {parent.value}:"
+                    " delete it once that has ended (or cancel that first)"
+                )
         if not await self.backend.delete(task_id):
             raise JobNotFoundError(task_id)
 

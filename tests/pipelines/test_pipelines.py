@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from backburner import Backburner, JobContext
-from backburner.errors import PermanentError
+from backburner import Backburner, Job, JobContext
+from backburner.errors import InvalidTransitionError, PermanentError
 from backburner.models import JobStatus
 
 from ..conftest import BACKENDS, drop_redis_keys, make_backend
@@ -353,3 +353,44 @@ async def test_a_parent_that_fails_takes_its_open_children_with_it(bb: Backburne
 
         await eventually(all_cancelled, message="children cancelled")
     assert failed.status == JobStatus.FAILED
+
+
+async def test_a_child_is_not_deleted_while_its_parent_runs_nor_replayed_after_it(
+    bb: Backburner,
+) -> None:
+    release = asyncio.Event()
+
+    @bb.task(max_attempts=1)
+    async def quick(ctx: JobContext, n: int) -> int:
+        if n == 2:
+            raise PermanentError("this one fails")
+        if n == 1:
+            await release.wait()
+        return n
+
+    @bb.pipeline
+    async def fan(ctx: Any) -> list[Any]:
+        return list(await ctx.map("all", quick, [0, 1, 2], partial=True))
+
+    async with bb, running_worker(bb, concurrency=4):
+        job = await bb.enqueue("fan")
+
+        async def children() -> dict[int, Job]:
+            listed = await bb.list(parent_id=job.task_id, limit=10)
+            return {child.input["n"]: child for child in listed.jobs}
+
+        async def two_ended() -> bool:
+            found = await children()
+            return len(found) == 3 and found[0].is_terminal and found[2].is_terminal
+
+        await eventually(two_ended, message="children 0 and 2 ended")
+        found = await children()
+        with pytest.raises(InvalidTransitionError, match=r"which is (queued|processing)"):
+            await bb.delete(found[0].task_id)
+        release.set()
+        done = await bb.wait(job.task_id, timeout=30)
+        assert done.status == JobStatus.COMPLETED and done.result == [0, 1, None]
+        with pytest.raises(InvalidTransitionError, match="which is completed"):
+            await bb.replay(found[2].task_id)
+        await bb.delete(found[0].task_id)  # the parent has ended: now it may go
+    assert len((await bb.list(parent_id=job.task_id, limit=10)).jobs) == 2
