@@ -57,6 +57,8 @@ def _install_generate(bb: Backburner) -> None:
             "simulated": result.simulated,
         }
 
+    generate.__backburner_builtin__ = True  # type: ignore[attr-defined]  # see is_builtin
+
 
 def _install_batch(bb: Backburner) -> None:
     async def batch(ctx: PipelineContext, requests: list[dict[str, Any]]) -> dict[str, Any]:
@@ -78,11 +80,17 @@ def _install_batch(bb: Backburner) -> None:
     bb.pipeline(name=BATCH, max_attempts=3, timeout=3600)(batch)
 
 
-def has_builtin_batch(bb: Backburner) -> bool:
-    """True if ``bb``'s ``batch`` task is this module's pipeline (an application may have a
-    task of its own by that name: then it has no batch API, and its task is its own)."""
-    definition = bb.tasks.get(BATCH)
+def is_builtin(bb: Backburner, name: str) -> bool:
+    """True if ``bb``'s task ``name`` is this module's (an application may have a task of its
+    own by that name: then its input is its own business)."""
+    definition = bb.tasks.get(name)
     return definition is not None and getattr(definition.handler, "__backburner_builtin__", False)
+
+
+def has_builtin_batch(bb: Backburner) -> bool:
+    """True if ``bb``'s ``batch`` task is this module's pipeline (an application's own task of
+    that name has no batch API)."""
+    return is_builtin(bb, BATCH)
 
 
 async def count_children(bb: Backburner, parent_id: str) -> dict[str, int]:

@@ -7,10 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from ..app import Backburner
 from ..backends.base import fingerprint
-from ..builtin import BATCH, GENERATE, has_builtin_batch
+from ..builtin import BATCH, GENERATE, has_builtin_batch, is_builtin
 from ..errors import InvalidInputError, PermissionDeniedError, QuotaExceededError
 from ..jsoncodec import depth
 from ..keys import KeyRing, Principal
@@ -24,6 +25,7 @@ from .events import EventHub, event_stream
 from .schemas import (
     Accepted,
     GenerateCreate,
+    Generation,
     Health,
     JobList,
     JobView,
@@ -103,6 +105,22 @@ class Api:
             min(self.settings.max_tokens_limit, policy.max_tokens or 1 << 62),
         )
 
+    def check_generation(self, payload: dict[str, Any]) -> None:
+        """A ``generate`` job's input as ``/v1/generate`` takes it (``/v1/tasks`` passes any
+        input through: a model that is not configured, a temperature of 50, a prompt that is a
+        list were stored, to fail or run oddly later), with a configured model."""
+        try:
+            generation = Generation.model_validate(payload)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"])
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise InvalidInputError(f"input.{where}: {message}" if where else message) from None
+        model = generation.model or self.bb.models.default_model
+        if model not in self.bb.models.routes:
+            known = ", ".join(sorted(self.bb.models.routes))
+            raise InvalidInputError(f"no model {model!r} is configured (known: {known})")
+
     def check_generation_caps(self, caller: Principal, payload: dict[str, Any]) -> None:
         """The caller's prompt-size and max_tokens caps for a ``generate`` job, however it was
         submitted (``/v1/generate`` or ``/v1/tasks``). Input of the wrong shape is left to the
@@ -141,6 +159,8 @@ class Api:
     ) -> Accepted:
         check_idempotency_key(request, key)
         if task == GENERATE:
+            if is_builtin(self.bb, GENERATE):
+                self.check_generation(payload)
             self.check_generation_caps(caller, payload)
         if task == BATCH and has_builtin_batch(self.bb):  # checked request by request there
             raise InvalidInputError("submit a batch with POST /v1/batches")

@@ -398,6 +398,29 @@ async def test_prompt_and_max_tokens_caps_are_per_tenant(tmp_path: Path) -> None
             assert roomy.status_code == 202
 
 
+async def test_a_generate_job_through_v1_tasks_is_checked_as_v1_generate_checks_it(
+    tmp_path: Path,
+) -> None:
+    async with keyed(tmp_path, run_worker=False) as server, as_(server, KEY_A) as a:
+        for odd, says in [
+            ({"prompt": "x", "model": "nonexistent"}, "no model 'nonexistent'"),
+            ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one"),
+            ({"prompt": "x", "max_tokens": "6000"}, "input.max_tokens"),
+            ({"prompt": "x", "max_tokens": 6000.0}, "input.max_tokens"),
+            ({"prompt": ["x", "x"]}, "input.prompt"),
+            ({"prompt": "x", "temperature": 50}, "input.temperature"),
+            ({"messages": [{"content": "a"}]}, "input.messages.0.role"),
+            ({"prompt": "x", "stop": "abc"}, "input.stop"),
+            ({"prompt": "x", "extra": 1}, "input.extra"),
+        ]:
+            refused = await a.post("/v1/tasks", json={"type": "generate", "input": odd})
+            assert says in assert_error(refused, 422, "invalid_input")["message"], odd
+        fine = await a.post("/v1/tasks", json={"type": "generate", "input": {"prompt": "hi"}})
+        assert fine.status_code == 202, fine.text
+        listed = (await a.get("/v1/tasks")).json()["data"]
+        assert len(listed) == 1  # nothing of the refused ones was stored
+
+
 async def test_priority_classes_by_name(tmp_path: Path) -> None:
     async with keyed(tmp_path, run_worker=False) as server, as_(server, KEY_A) as a:
         urgent = await submit(a, priority="interactive")
