@@ -40,6 +40,10 @@ class EventHub:
         self._subs: dict[str, set[Subscription]] = {}
         self._heads: dict[str, int] = {}
         """The latest seq seen per job: the hub waits past it, whoever lags behind."""
+        self._gone: set[str] = set()
+        """Jobs found missing (deleted, expired): their streams were woken once to see it for
+        themselves; waiting on them again would answer at once, over and over, while a
+        stream stuck on a slow client cannot end."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -52,6 +56,7 @@ class EventHub:
         """Follow ``task_id`` from seq ``after``; ``sub.wake`` is set when there is more."""
         sub = Subscription(task_id, after)
         self._subs.setdefault(task_id, set()).add(sub)
+        self._gone.discard(task_id)  # (looked for again: the new stream is told too)
         self._changed.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="backburner-event-hub")
@@ -65,6 +70,7 @@ class EventHub:
             if not subs:
                 del self._subs[sub.task_id]
                 self._heads.pop(sub.task_id, None)
+                self._gone.discard(sub.task_id)
         self._changed.set()
 
     async def close(self) -> None:
@@ -82,7 +88,11 @@ class EventHub:
             after = {
                 task_id: max(min(s.after for s in subs), self._heads.get(task_id, 0))
                 for task_id, subs in self._subs.items()
+                if task_id not in self._gone
             }
+            if not after:  # (every job followed is gone: until a stream comes or goes)
+                await self._changed.wait()
+                continue
             waiting = asyncio.ensure_future(
                 self.backend.wait_for_events(after, timeout=self.idle_timeout_s)
             )
@@ -102,12 +112,20 @@ class EventHub:
             except Exception:
                 log.exception("waiting for events failed; retrying")
                 await asyncio.sleep(0.5)
-                grown = dict.fromkeys(self._subs, 0)  # let every stream look for itself
+                for subs in self._subs.values():  # let every stream look for itself
+                    for sub in subs:
+                        sub.wake.set()
+                continue
             for task_id, head in grown.items():
-                if task_id in self._subs:
+                following = self._subs.get(task_id)
+                if following is None:
+                    continue
+                if head == 0:  # the job is gone: each stream sees that when it reads
+                    self._gone.add(task_id)
+                else:
                     self._heads[task_id] = head
-                for sub in self._subs.get(task_id, ()):
-                    if sub.after < head or head == 0:  # behind, or the job is gone
+                for sub in following:
+                    if sub.after < head or head == 0:
                         sub.wake.set()
 
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from backburner.api.events import EventHub
+from backburner.backends.memory import MemoryBackend
+
+from ..conformance._support import claim_one, new_job
 from ..helpers import eventually
 from .conftest import TERMINAL, Server, serve
 
@@ -246,3 +250,36 @@ async def test_a_log_longer_than_one_read_batch_streams_whole(tmp_path: Path) ->
         resumed = await read_all(srv, task_id, headers={"Last-Event-ID": "499"})
         assert resumed == live[499:]
         await wait_for_subscriptions(srv, 0)
+
+
+async def test_the_hub_asks_once_about_a_job_gone_while_its_stream_is_stuck() -> None:
+    # A stream blocked on a slow client cannot end; the job it follows was deleted. The hub
+    # wakes it once and stops asking: asking again answers at once ("gone"), over and over.
+    backend = MemoryBackend()
+    await backend.connect()
+    asked: list[dict[str, int]] = []
+    wait = backend.wait_for_events
+
+    async def counted(after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
+        asked.append(dict(after))
+        return await wait(after, timeout=timeout)
+
+    backend.wait_for_events = counted  # type: ignore[method-assign]
+    hub = EventHub(backend, idle_timeout_s=30.0)
+    try:
+        stuck = hub.subscribe("task_" + "0" * 32, after=500)  # never reads again
+        await asyncio.wait_for(stuck.wake.wait(), 10)
+        for _ in range(500):  # a spinning hub would ask on every turn of the loop
+            await asyncio.sleep(0)
+        assert asked == [{"task_" + "0" * 32: 500}]
+        other, _ = await backend.enqueue(new_job("t", now=1.0))
+        fresh = hub.subscribe(other.task_id, after=1)  # the hub still follows the others
+        claimed = await claim_one(backend, other.task_id, now=2.0)
+        await asyncio.wait_for(fresh.wake.wait(), 10)
+        assert claimed.fence == 1
+        assert [sorted(a) for a in asked[1:]] == [[other.task_id]] * (len(asked) - 1)
+        hub.unsubscribe(stuck)
+        hub.unsubscribe(fresh)
+    finally:
+        await hub.close()
+        await backend.close()
