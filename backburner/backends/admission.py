@@ -62,6 +62,13 @@ class FairClocks:
         self.last[tenant, type, priority] = start + cost
         return start + cost
 
+    def withdrawn(self, tenant: str, type: str, priority: int, cost: int) -> None:
+        """A job of ``tenant`` waiting in line (tagged) was cancelled: its cost comes out of
+        the tenant's line, so a tenant whose backlog was cancelled does not wait behind it."""
+        key = (tenant, type, priority)
+        if key in self.last:
+            self.last[key] -= cost
+
     def claimed(self, type: str, priority: int, tag: int) -> None:
         if tag > self.clock.get((type, priority), 0):
             self.clock[type, priority] = tag

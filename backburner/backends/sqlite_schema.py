@@ -94,6 +94,13 @@ CREATE TRIGGER IF NOT EXISTS jobs_line_tag AFTER UPDATE OF fair_tag ON jobs
         ON CONFLICT (tenant, type, priority) DO UPDATE
             SET last_tag = max(last_tag, excluded.last_tag);
 END;
+-- A queued job's cancel takes its cost back out of its tenant's line: a tenant whose backlog
+-- was cancelled does not queue behind the work it no longer has.
+CREATE TRIGGER IF NOT EXISTS jobs_line_cancel AFTER UPDATE OF status ON jobs
+    WHEN OLD.status = 'queued' AND NEW.status = 'cancelled' AND OLD.fair_tag IS NOT NULL BEGIN
+    UPDATE tenant_lines SET last_tag = last_tag - OLD.fair_cost
+        WHERE tenant = OLD.tenant AND type = OLD.type AND priority = OLD.priority;
+END;
 CREATE TRIGGER IF NOT EXISTS jobs_line_delete AFTER DELETE ON jobs
     WHEN OLD.status IN ('queued', 'processing') AND OLD.parent_id IS NULL BEGIN
     UPDATE tenant_lines SET in_flight = in_flight - 1

@@ -318,6 +318,18 @@ async def test_an_idle_tenant_gets_no_credit_for_its_idleness(backend: Backend) 
     assert order == expected
 
 
+async def test_a_cancelled_backlog_does_not_hold_its_tenant_back(backend: Backend) -> None:
+    # Its cancelled jobs' costs leave its line: its next job waits behind at most one of
+    # each other tenant's, as if the backlog had never been.
+    backlog = [await tenant_job(backend, "flaky", payload={"i": i}) for i in range(40)]
+    for job in backlog:
+        await backend.cancel(job.task_id, now=T0 + 1)
+    steady = [await tenant_job(backend, "steady", payload={"i": i}) for i in range(40)]
+    fresh = await tenant_job(backend, "flaky", payload={"i": "fresh"})
+    order = [j.task_id for j in await picks(backend, 3, now=T0 + 2)]
+    assert order[:2] == [steady[0].task_id, fresh.task_id]
+
+
 async def test_priority_comes_before_fairness(backend: Backend) -> None:
     for i in range(10):
         await tenant_job(backend, "big", payload={"i": i}, priority=5)

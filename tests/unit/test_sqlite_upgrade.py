@@ -16,6 +16,7 @@ BEFORE_TENANTS = [
     "DROP TRIGGER jobs_line_insert",
     "DROP TRIGGER jobs_line_status",
     "DROP TRIGGER jobs_line_tag",
+    "DROP TRIGGER jobs_line_cancel",
     "DROP TRIGGER jobs_line_delete",
     "DROP INDEX jobs_claim",
     "DROP INDEX jobs_untagged",

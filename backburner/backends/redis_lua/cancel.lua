@@ -4,12 +4,19 @@
 local id, now = ARGV[2], ARGV[3]
 local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', '_ty', '_sq', '_tg', 'worker_id', 'fence', '_cur',
-  '_ttl', '_ik', 'priority', 'webhook_url', 'tenant', '_pq', 'run_at', 'parent_id', '_es')
+  '_ttl', '_ik', 'priority', 'webhook_url', 'tenant', '_pq', 'run_at', 'parent_id', '_es', '_fc')
 if not f[1] then return {'missing'} end
 local status = raw(f[1])
 if TERMINAL[status] then return {'unchanged', read_job(id)} end
-local ty, sq, seq, priority, pq, tenant = job_line(id, f[2], f[3], f[10], f[13], f[12], nil)
+local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[2], f[3], f[10], f[13], f[12],
+  f[17])
 if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
+-- A queued job in its tenant's line (tagged) takes its cost out of the line (prelude:
+-- fair_tag): a tenant whose backlog was cancelled does not wait behind work it no longer has.
+local line, last = pq .. ':' .. tenant, nil
+if status == 'queued' and tonumber(f[4]) then
+  last = tonumber(redis.call('HGET', fkey(ty), line))
+end
 local url = f[11]
 if not url then url = spec_webhook_url(id) end -- a job of the previous release
 local ttl = job_ttl(id, f[8])
@@ -31,10 +38,15 @@ end
 
 if status == 'queued' then
   local gone = redis.call('ZREM', DELAYED, sq .. id)
+  local lined = 0
   if tonumber(f[4]) and tonumber(f[14]) then -- tagged (a delayed job's stale tag: no member)
-    gone = gone + redis.call('ZREM', rkey(ty), ready_member(id, pq, f[4], sq, f[14]))
+    lined = redis.call('ZREM', rkey(ty), ready_member(id, pq, f[4], sq, f[14]))
+    gone = gone + lined
   end
   if gone == 0 then drop_ready(rkey(ty)) end
+  if lined > 0 and last then
+    redis.call('HSET', fkey(ty), line, string.format('%d', last - cost))
+  end
   redis.call('HINCRBY', QPRIO, priority, -1)
 elseif status == 'processing' then
   close_history(id, f[7], now, 'cancelled', nil)
