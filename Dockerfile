@@ -55,7 +55,7 @@ USER 10001:10001
 WORKDIR /data
 EXPOSE 8000
 # GET /healthz of the API. A worker has no HTTP API: give it --metrics-port and set
-# HEALTHCHECK_URL=http://127.0.0.1:9101/metrics (deploy/docker-compose.yml does).
+# HEALTHCHECK_URL=http://127.0.0.1:9101/healthz (deploy/docker-compose.yml does).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('HEALTHCHECK_URL', 'http://127.0.0.1:8000/healthz'), timeout=4)"]
 # Exec form: the process is PID 1 and gets SIGTERM itself (a worker's graceful shutdown).

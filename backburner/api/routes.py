@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Annotated, Any
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from ..app import Backburner
 from ..backends.base import fingerprint
 from ..builtin import BATCH, GENERATE, has_builtin_batch, is_builtin
-from ..errors import InvalidInputError, PermissionDeniedError, QuotaExceededError
+from ..errors import BackendError, InvalidInputError, PermissionDeniedError, QuotaExceededError
 from ..jsoncodec import depth
 from ..keys import KeyRing, Principal
 from ..models import Job, JobStatus, WebhookDelivery
@@ -64,6 +65,8 @@ IdempotencyKey = Annotated[
         description="Same key and same body: the same task (200). Same key, other body: 409.",
     ),
 ]
+
+log = logging.getLogger("backburner.api")
 
 
 def check_idempotency_key(request: Request, key: str | None) -> None:
@@ -482,9 +485,14 @@ def build_router(api: Api) -> APIRouter:
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        """Prometheus metrics (text exposition format); see docs/metrics.md."""
-        await bb.connect()
-        await bb.metrics.refresh(bb.backend, now=bb.clock.now())
+        """Prometheus metrics (text exposition format); see docs/metrics.md. The backend
+        down, this process's own counters are still served (``backburner_backend_up`` 0)."""
+        try:
+            await bb.connect()
+            await bb.metrics.refresh(bb.backend, now=bb.clock.now())
+        except BackendError as exc:
+            bb.metrics.backend_up.set(0)
+            log.warning("metrics: the backend's gauges are stale: %s", exc)
         return Response(bb.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @router.get("/healthz", response_model=Health, tags=["ops"])

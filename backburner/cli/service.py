@@ -84,29 +84,41 @@ def _check_port(host: str, port: int) -> None:
 
 @contextlib.asynccontextmanager
 async def serve_metrics(bb: Backburner, host: str, port: int) -> AsyncIterator[None]:
-    """Serve ``bb.metrics`` over HTTP (from a thread) while the body runs; the gauges are
-    refreshed from the backend every 5 s."""
-    from prometheus_client import start_http_server
+    """Serve ``bb.metrics`` (``/metrics``) and a liveness probe (``/healthz``) over HTTP from a
+    thread while the body runs; the gauges are refreshed from the backend every 5 s."""
+    from ..observability.metrics import CONTENT_TYPE
+    from ..observability.ops_server import TICK_S, OpsServer
 
-    server, thread = start_http_server(port, host, registry=bb.metrics.registry)
+    ops = OpsServer(
+        host,
+        port,
+        render=bb.metrics.render,
+        content_type=CONTENT_TYPE,
+        stall_s=bb.settings.lease_s,
+    )
+    ops.start()
+
+    async def tick() -> None:
+        while True:
+            ops.tick()
+            await asyncio.sleep(TICK_S)
 
     async def refresh() -> None:
         while True:
             try:
                 await bb.metrics.refresh(bb.backend, now=bb.clock.now())
-            except Exception as exc:  # a scrape shows the last good figures meanwhile
+            except Exception as exc:  # marked stale (backend_up 0) meanwhile
                 logging.getLogger("backburner.metrics").warning("metrics refresh: %s", exc)
             await asyncio.sleep(5.0)
 
-    refresher = asyncio.create_task(refresh())
+    helpers = [asyncio.create_task(refresh()), asyncio.create_task(tick())]
     try:
         yield
     finally:
-        refresher.cancel()
-        await asyncio.gather(refresher, return_exceptions=True)
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        ops.stop()
 
 
 def _is_loopback(host: str) -> bool:

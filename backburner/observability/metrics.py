@@ -9,6 +9,7 @@ process; aggregate the counters with ``sum()`` and the gauges with ``max()``.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from ..hooks import Hooks
@@ -125,6 +126,15 @@ class Metrics:
         self.webhook_messages = gauge(
             "backburner_webhook_messages", "Webhook messages by status.", ("status",)
         )
+        self.backend_up = gauge(
+            "backburner_backend_up",
+            "1 if this process's last look at the backend (for the gauges above) worked; 0 if"
+            " it failed, and those gauges still hold what it saw before.",
+        )
+        self.refreshed = gauge(
+            "backburner_gauges_refreshed_timestamp_seconds",
+            "When the backend's gauges were last read (Unix time): how old they are.",
+        )
         self.families = families.families
         """Every metric above, in the order they are exported."""
 
@@ -145,7 +155,17 @@ class Metrics:
         return _MetricsHook(self)
 
     async def refresh(self, backend: Backend, *, now: float) -> None:
-        """Set the deployment-wide gauges from the backend."""
+        """Set the deployment-wide gauges from the backend; if that fails, mark them stale
+        (``backburner_backend_up`` 0) and raise."""
+        try:
+            await self._read_backend(backend, now=now)
+        except BaseException:
+            self.backend_up.set(0)
+            raise
+        self.backend_up.set(1)
+        self.refreshed.set(time.time())
+
+    async def _read_backend(self, backend: Backend, *, now: float) -> None:
         stats = await backend.stats(now=now)
         for status in JobStatus:
             self.jobs.labels(status.value).set(stats.counts.get(status, 0))

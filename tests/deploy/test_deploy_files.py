@@ -868,8 +868,8 @@ def test_compose_worker_healthcheck_against_a_worker(tmp_path: Path) -> None:
     service = raw["services"]["worker-1"]
     port = free_port()
     argv = swap(swap(command(service), "0.0.0.0", "127.0.0.1"), "9101", str(port))
-    url = f"http://127.0.0.1:{port}/metrics"
-    assert environment(service)["HEALTHCHECK_URL"] == "http://127.0.0.1:9101/metrics"
+    url = f"http://127.0.0.1:{port}/healthz"
+    assert environment(service)["HEALTHCHECK_URL"] == "http://127.0.0.1:9101/healthz"
     env = {"BACKBURNER_BACKEND_URL": f"sqlite:///{tmp_path}/w.db"}
     with running(argv, env, tmp_path, url):
         assert run_healthcheck(healthcheck_argv(service), url) == 0

@@ -14,6 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backburner import Backburner, PermanentError, Retry
+from backburner.api import create_app
+from backburner.errors import BackendError
+from backburner.observability.ops_server import OpsServer
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
 from ..live_server import live_server
@@ -142,3 +145,55 @@ def test_a_worker_serves_its_own_metrics_port(tmp_path: Path) -> None:
         proc.wait(20)
     assert "# TYPE backburner_task_duration_seconds histogram" in text
     assert 'backburner_jobs{status="queued"} 0.0' in text
+
+
+def test_the_worker_port_says_when_its_event_loop_is_stuck() -> None:
+    port = free_port()
+    ops = OpsServer(
+        "127.0.0.1", port, render=lambda: b"m 1\n", content_type="text/plain", stall_s=0.3
+    )
+    ops.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        ops.tick()
+        assert httpx.get(f"{base}/healthz", timeout=5).json() == {"status": "ok"}
+        assert httpx.get(f"{base}/metrics", timeout=5).text == "m 1\n"
+        missing = httpx.get(f"{base}/nope", timeout=5)
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
+        deadline = time.monotonic() + 20
+        while (stuck := httpx.get(f"{base}/healthz", timeout=5)).status_code == 200:
+            assert time.monotonic() < deadline, "never reported stalled"
+            time.sleep(0.05)  # (no tick: the loop stands still)
+        assert stuck.status_code == 503
+        assert stuck.json()["error"]["type"] == "event_loop_stalled"
+        ops.tick()
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+    finally:
+        ops.stop()
+
+
+async def test_the_api_serves_its_own_counters_while_the_backend_is_down(tmp_path: Path) -> None:
+    bb = Backburner(f"sqlite:///{tmp_path / 'm.db'}", settings=WORKER_TEST_SETTINGS)
+    app = create_app(bb.settings, backburner=bb, run_worker=False)
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t") as client,
+    ):
+        assert (
+            await client.post("/v1/tasks", json={"type": "generate", "input": {"prompt": "hi"}})
+        ).status_code == 202
+        up = samples((await client.get("/metrics")).text)
+        assert value(up, "backburner_backend_up") == 1
+        assert value(up, "backburner_gauges_refreshed_timestamp_seconds") > 0
+
+        async def broken(*, now: float, worker_window_s: float = 60.0) -> Any:
+            raise BackendError("the disk is gone")
+
+        bb.backend.stats = broken  # type: ignore[method-assign]
+        answer = await client.get("/metrics")
+    assert answer.status_code == 200
+    down = samples(answer.text)
+    assert value(down, "backburner_backend_up") == 0
+    assert value(down, "backburner_tasks_submitted_total", type="generate") == 1
+    assert value(down, "backburner_jobs", status="queued") == 1  # (stale: the last figure)
