@@ -606,6 +606,8 @@ def test_k8s_worker(k8s: dict[tuple[str, str], dict[str, Any]]) -> None:
     assert ports["metrics"] == int(metrics_port)
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == metrics_port
+    # (/healthz, not /metrics: only it sees an event loop that a handler blocks)
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     pod = deployment["spec"]["template"]["spec"]
     grace = settings_from_k8s(k8s).shutdown_grace_s
     assert pod["terminationGracePeriodSeconds"] > grace + 5, "SIGKILL before the grace ends"
