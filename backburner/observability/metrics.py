@@ -195,6 +195,9 @@ class _MetricsHook(Hooks):
         self.m.submitted.labels(job.type).inc()
 
     async def on_start(self, job: Job) -> None:
+        history = job.history
+        if len(history) >= 2 and history[-2].attempt == history[-1].attempt:
+            return  # the same attempt run again: a pipeline woken, a job handed back at shutdown
         self.m.started.labels(job.type).inc()
         if job.started_at is not None:
             due = max(job.created_at, job.run_at)
@@ -232,7 +235,9 @@ class _MetricsHook(Hooks):
     def _duration(self, job: Job, model: str, outcome: str) -> None:
         if job.finished_at is None or not job.history:
             return
-        started = job.history[-1].started_at
+        # From the attempt's first run: a pipeline's attempt spans its waits for children.
+        attempt = job.history[-1].attempt
+        started = min(r.started_at for r in job.history if r.attempt == attempt)
         self.m.duration.labels(job.type, model, outcome).observe(
             max(0.0, job.finished_at - started)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backburner import Backburner, PermanentError, Retry
 from backburner.api import create_app
 from backburner.errors import BackendError
+from backburner.models import JobStatus
 from backburner.observability.ops_server import OpsServer
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
@@ -197,3 +199,44 @@ async def test_the_api_serves_its_own_counters_while_the_backend_is_down(tmp_pat
     assert value(down, "backburner_backend_up") == 0
     assert value(down, "backburner_tasks_submitted_total", type="generate") == 1
     assert value(down, "backburner_jobs", status="queued") == 1  # (stale: the last figure)
+
+
+async def test_a_pipeline_that_waits_for_its_children_is_one_attempt(tmp_path: Path) -> None:
+    settings = WORKER_TEST_SETTINGS.replace(
+        backend_url=f"sqlite:///{tmp_path / 'p.db'}", pipeline_poll_s=30.0
+    )
+    bb = Backburner(settings=settings)
+    go_on = asyncio.Event()
+
+    @bb.task
+    async def slow_child(ctx: Any, n: int) -> int:
+        await go_on.wait()
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        return list(await ctx.map("children", slow_child, [1, 2]))
+
+    async with bb:
+        async with running_worker(bb, concurrency=4):
+            job = await bb.enqueue("parent")
+
+            async def parked() -> bool:
+                return len((await bb.get(job.task_id)).history) >= 1 and (
+                    (await bb.get(job.task_id)).status == JobStatus.QUEUED
+                )
+
+            await eventually(parked, message="the parent parked for its children")
+            waited = time.monotonic()
+            await asyncio.sleep(0.3)  # (a wait of known length for the parent to span)
+            go_on.set()
+            done = await bb.wait(job.task_id, timeout=30)
+            waited = time.monotonic() - waited
+        found = samples(bb.metrics.render().decode())
+    assert done.status == JobStatus.COMPLETED and done.attempts == 1 and len(done.history) >= 2
+    assert value(found, "backburner_tasks_started_total", type="parent") == 1
+    assert value(found, "backburner_tasks_started_total", type="slow_child") == 2
+    total = value(
+        found, "backburner_task_duration_seconds_sum", type="parent", model="", outcome="completed"
+    )
+    assert total >= 0.3 and total <= waited + 5  # its first run to its end, waits included
