@@ -173,10 +173,10 @@ async def event_stream(
             if events and is_terminal_event(events[-1]):
                 return
             if not events:
-                job = await backend.get(task_id)
-                if job is None:
+                status = await backend.job_status(task_id)  # (not the whole job: a batch's
+                if status is None:  # record is every request's input)
                     return  # deleted (or expired) meanwhile
-                if job.is_terminal:
+                if status.is_terminal:
                     # Its terminal event may have landed between our two reads: look again.
                     if not await backend.events(task_id, after=sub.after, limit=1):
                         return  # a resumed stream that has already seen the end

@@ -335,20 +335,27 @@ def build_router(api: Api) -> APIRouter:
     )
     async def stream_events(
         task_id: str,
+        request: Request,
         caller: Caller,
         last_event_id: LastEventId = None,
         after: Annotated[
             int | None, Query(ge=0, le=MAX_SEQ, description="Resume after this seq.")
         ] = None,
-    ) -> StreamingResponse:
+    ) -> Response:
         """Server-sent events: the job's log from the start (or after Last-Event-ID / ?after=),
-        then live until its terminal event; a keep-alive comment every 15 s."""
-        await bb.get(task_id, tenant=scope(caller))  # 404 before the stream starts
+        then live until its terminal event; a keep-alive comment every 15 s. 204 for a
+        finished job resumed past its last event: an EventSource stops reconnecting then."""
+        job = await bb.get(task_id, tenant=scope(caller))  # 404 before the stream starts
         start = after or 0
+        if len(request.headers.getlist("last-event-id")) > 1:
+            raise InvalidInputError("send one Last-Event-ID header, not several")
         if last_event_id is not None and last_event_id.strip():  # empty: from the start
             if not _EVENT_ID.fullmatch(last_event_id.strip()):
                 raise InvalidInputError("Last-Event-ID must be an event id (a number)")
             start = int(last_event_id)
+        if start and job.is_terminal and not await bb.backend.events(task_id, after=start, limit=1):
+            # (else it answers 200, ends at once, and the browser comes back every second)
+            return Response(status_code=204)
         stream = event_stream(api.hub, task_id, start, keepalive_s=settings.sse_keepalive_s)
         return StreamingResponse(
             stream,

@@ -16,7 +16,7 @@ from backburner.backends.memory import MemoryBackend
 
 from ..conformance._support import claim_one, new_job
 from ..helpers import eventually
-from .conftest import TERMINAL, Server, serve
+from .conftest import TERMINAL, Server, assert_error, serve
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,18 @@ async def parse_sse(response: httpx.Response) -> AsyncIterator[Sse]:
             fields[name] = value.removeprefix(" ")
 
 
-async def read_all(srv: Server, task_id: str, **request: Any) -> list[Sse]:
-    """Every event of one stream, until the server closes it (within a deadline)."""
+async def read_all(
+    srv: Server, task_id: str, *, seen_to_the_end: bool = False, **request: Any
+) -> list[Sse]:
+    """Every event of one stream, until the server closes it (within a deadline).
+    ``seen_to_the_end``: a finished job resumed past its last event, which is a 204."""
     items: list[Sse] = []
     async with asyncio.timeout(60):
         async with srv.client.stream("GET", f"/v1/tasks/{task_id}/events", **request) as response:
+            if seen_to_the_end:
+                assert response.status_code == 204, await response.aread()
+                assert await response.aread() == b""
+                return []
             assert response.status_code == 200, await response.aread()
             assert response.headers["content-type"].startswith("text/event-stream")
             assert response.headers["cache-control"] == "no-cache"
@@ -122,16 +129,26 @@ async def test_resume_with_last_event_id_or_after_gives_exactly_the_rest(tmp_pat
         last = log[-1].id
         assert last is not None
         for position in sorted({0, 1, 2, 5, last - 1, last}):
-            by_header = await read_all(srv, task_id, headers={"Last-Event-ID": str(position)})
+            # Seen to its end: 204, which tells an EventSource to stop reconnecting.
+            end = position == last
+            by_header = await read_all(
+                srv, task_id, seen_to_the_end=end, headers={"Last-Event-ID": str(position)}
+            )
             assert by_header == log[position:], position
-            by_query = await read_all(srv, task_id, params={"after": position})
+            by_query = await read_all(srv, task_id, seen_to_the_end=end, params={"after": position})
             assert by_query == log[position:], position
         # A browser's EventSource keeps ?after= in the URL and adds the header on reconnect:
         # the header (the later position) wins.
         both = await read_all(srv, task_id, params={"after": 1}, headers={"Last-Event-ID": "4"})
         assert both == log[4:]
-        beyond = await read_all(srv, task_id, headers={"Last-Event-ID": str(last + 100)})
+        beyond = await read_all(
+            srv, task_id, seen_to_the_end=True, headers={"Last-Event-ID": str(last + 100)}
+        )
         assert beyond == []
+        twice = await srv.client.get(
+            f"/v1/tasks/{task_id}/events", headers=[("Last-Event-ID", "1"), ("Last-Event-ID", "2")]
+        )
+        assert_error(twice, 422, "invalid_input")
         await wait_for_subscriptions(srv, 0)
 
 
