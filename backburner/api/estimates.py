@@ -53,11 +53,14 @@ class DurationEstimator:
         typical = await self.estimate(job.type, model)
         if job.is_terminal:
             return typical, 0.0
+        now = self.bb.clock.now()
+        # A job not due yet (delayed, or waiting out a retry's backoff) starts at run_at.
+        due_in = max(0.0, job.run_at - now) if job.status == JobStatus.QUEUED else 0.0
         if typical is None:
-            return None, None
+            return None, round(due_in, 3) if due_in else None
         if job.started_at is not None and job.status == JobStatus.PROCESSING:
-            return typical, round(max(0.0, typical - (self.bb.clock.now() - job.started_at)), 3)
-        return typical, typical
+            return typical, round(max(0.0, typical - (now - job.started_at)), 3)
+        return typical, round(due_in + typical, 3)
 
 
 def poll_after(remaining: float | None) -> int:
