@@ -181,14 +181,7 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
             raise
         return outcome
     except _FailNowError as exc:
-        log.info(
-            "job %s attempt %d failed: %s: %s",
-            job.task_id,
-            job.attempts,
-            exc.error.type,
-            exc.error.message,
-            extra=job_fields(job, "attempt_failed"),
-        )
+        _log_failed_attempt(job, exc.error)
         return Fail(exc.error, max(job.ttl_s, policy.dead_letter_ttl_s))
     except Suspend as exc:
         return Wait(app.clock.now() + exc.after, exc.reason)
@@ -199,6 +192,11 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
 def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:
     job = attempt.job
     error, delay = app.retry_policy.classify(exc, app.tasks.get(job.type))
+    _log_failed_attempt(job, error)
+    return app.retry_policy.after_failure(job, error, delay, now=app.clock.now())
+
+
+def _log_failed_attempt(job: Job, error: ErrorInfo) -> None:
     log.info(
         "job %s attempt %d failed: %s: %s",
         job.task_id,
@@ -207,7 +205,6 @@ def _failure(app: Backburner, attempt: Attempt, exc: BaseException) -> Outcome:
         error.message,
         extra=job_fields(job, "attempt_failed"),
     )
-    return app.retry_policy.after_failure(job, error, delay, now=app.clock.now())
 
 
 _OUTCOME_RECORD = {
@@ -307,14 +304,7 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
             if isinstance(outcome, Fail):
                 raise
             error = ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
-            log.info(
-                "job %s attempt %d failed: %s: %s",
-                job.task_id,
-                job.attempts,
-                error.type,
-                error.message,
-                extra=job_fields(job, "attempt_failed"),
-            )
+            _log_failed_attempt(job, error)
             outcome = Fail(error, dead_letter_ttl)
         except CorruptRecordError as exc:  # written, but the job cannot be read back
             log.error("job %s: outcome stored, but %s", job.task_id, exc.args[0].partition(": ")[2])
