@@ -62,12 +62,14 @@ class FairClocks:
         self.last[tenant, type, priority] = start + cost
         return start + cost
 
-    def withdrawn(self, tenant: str, type: str, priority: int, cost: int) -> None:
-        """A job of ``tenant`` waiting in line (tagged) was cancelled: its cost comes out of
-        the tenant's line, so a tenant whose backlog was cancelled does not wait behind it."""
+    def withdrawn(self, tenant: str, type: str, priority: int, tag: int, cost: int) -> None:
+        """A job of ``tenant`` waiting in line with ``tag`` was cancelled. The newest of its
+        line: the line ends where it began (a backlog cancelled newest first, as a batch's
+        is, leaves nothing to wait behind). An older one: nothing changes, so the tenant's
+        next job still goes after its newer ones (FIFO)."""
         key = (tenant, type, priority)
-        if key in self.last:
-            self.last[key] -= cost
+        if self.last.get(key) == tag:
+            self.last[key] = tag - cost
 
     def claimed(self, type: str, priority: int, tag: int) -> None:
         if tag > self.clock.get((type, priority), 0):

@@ -457,7 +457,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             return _copy(job), False
         history = job.history
         if job.status == JobStatus.QUEUED and stored.tag is not None:
-            self._fair.withdrawn(job.tenant, job.type, job.priority, stored.cost)
+            self._fair.withdrawn(job.tenant, job.type, job.priority, stored.tag, stored.cost)
         if job.status == JobStatus.PROCESSING:
             history = self._close_history(job, now, "cancelled", None)
             assert job.worker_id is not None

@@ -237,7 +237,12 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
         def op(conn: sqlite3.Connection) -> JobStatus | None:
             found = conn.execute("SELECT status FROM jobs WHERE task_id = ?", (task_id,))
             row = found.fetchone()
-            return None if row is None else JobStatus(row[0])
+            if row is None:
+                return None
+            try:
+                return JobStatus(row[0])
+            except ValueError:
+                raise CorruptRecordError(task_id, f"status: {str(row[0])[:40]!r}") from None
 
         return await self._executor.run(op, write=False)
 

@@ -94,12 +94,15 @@ CREATE TRIGGER IF NOT EXISTS jobs_line_tag AFTER UPDATE OF fair_tag ON jobs
         ON CONFLICT (tenant, type, priority) DO UPDATE
             SET last_tag = max(last_tag, excluded.last_tag);
 END;
--- A queued job's cancel takes its cost back out of its tenant's line: a tenant whose backlog
--- was cancelled does not queue behind the work it no longer has.
+-- The cancel of the newest job in its tenant's line takes it back out (the line ends where
+-- that job began): a tenant whose backlog was cancelled, newest first as a batch's cancel
+-- goes, does not queue behind the work it no longer has. An older job's cancel changes
+-- nothing: the tenant's newer jobs keep their tags, and its next job goes after them (FIFO).
 CREATE TRIGGER IF NOT EXISTS jobs_line_cancel AFTER UPDATE OF status ON jobs
     WHEN OLD.status = 'queued' AND NEW.status = 'cancelled' AND OLD.fair_tag IS NOT NULL BEGIN
-    UPDATE tenant_lines SET last_tag = last_tag - OLD.fair_cost
-        WHERE tenant = OLD.tenant AND type = OLD.type AND priority = OLD.priority;
+    UPDATE tenant_lines SET last_tag = OLD.fair_tag - OLD.fair_cost
+        WHERE tenant = OLD.tenant AND type = OLD.type AND priority = OLD.priority
+        AND last_tag = OLD.fair_tag;
 END;
 CREATE TRIGGER IF NOT EXISTS jobs_line_delete AFTER DELETE ON jobs
     WHEN OLD.status IN ('queued', 'processing') AND OLD.parent_id IS NULL BEGIN

@@ -10,10 +10,11 @@ process; aggregate the counters with ``sum()`` and the gauges with ``max()``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..hooks import Hooks
-from ..models import ErrorInfo, Job, JobStatus
+from ..models import AttemptRecord, ErrorInfo, Job, JobStatus
 from .series import CounterFamily, Families, GaugeFamily, HistogramFamily
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class Metrics:
         (``backburner_backend_up`` 0) and raise."""
         try:
             await self._read_backend(backend, now=now)
-        except BaseException:
+        except Exception:  # (a cancelled refresh says nothing of the backend)
             self.backend_up.set(0)
             raise
         self.backend_up.set(1)
@@ -187,6 +188,13 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def _woken(history: Sequence[AttemptRecord]) -> bool:
+    """True if the run that just started goes on its attempt's run before it: a pipeline that
+    parked (``waiting``) for its children. A job handed back (``released``, at a shutdown or
+    unstarted) starts again: that is a start."""
+    return len(history) >= 2 and history[-2].outcome == "waiting"
+
+
 class _MetricsHook(Hooks):
     def __init__(self, m: Metrics) -> None:
         self.m = m
@@ -196,8 +204,8 @@ class _MetricsHook(Hooks):
 
     async def on_start(self, job: Job) -> None:
         history = job.history
-        if len(history) >= 2 and history[-2].attempt == history[-1].attempt:
-            return  # the same attempt run again: a pipeline woken, a job handed back at shutdown
+        if _woken(history):
+            return  # a pipeline woken after waiting for its children: the same attempt
         self.m.started.labels(job.type).inc()
         if job.started_at is not None:
             due = max(job.created_at, job.run_at)
@@ -236,8 +244,11 @@ class _MetricsHook(Hooks):
         if job.finished_at is None or not job.history:
             return
         # From the attempt's first run: a pipeline's attempt spans its waits for children.
-        attempt = job.history[-1].attempt
-        started = min(r.started_at for r in job.history if r.attempt == attempt)
+        history = job.history
+        first = len(history) - 1
+        while first > 0 and history[first - 1].outcome == "waiting":
+            first -= 1
+        started = history[first].started_at
         self.m.duration.labels(job.type, model, outcome).observe(
             max(0.0, job.finished_at - started)
         )

@@ -33,7 +33,8 @@ class OpsServer:
         content_type: str,
         stall_s: float,
     ) -> None:
-        self.stall_s = stall_s
+        # (A lease shorter than a few ticks would have a loop that just ticked look stalled.)
+        self.stall_s = max(stall_s, 3 * TICK_S)
         self._ticked = time.monotonic()
         ops = self
 

@@ -319,15 +319,27 @@ async def test_an_idle_tenant_gets_no_credit_for_its_idleness(backend: Backend) 
 
 
 async def test_a_cancelled_backlog_does_not_hold_its_tenant_back(backend: Backend) -> None:
-    # Its cancelled jobs' costs leave its line: its next job waits behind at most one of
-    # each other tenant's, as if the backlog had never been.
+    # Cancelled newest first (as a batch's cancel goes), its jobs leave its line: its next
+    # job waits behind at most one of each other tenant's, as if the backlog had never been.
     backlog = [await tenant_job(backend, "flaky", payload={"i": i}) for i in range(40)]
-    for job in backlog:
+    for job in reversed(backlog):
         await backend.cancel(job.task_id, now=T0 + 1)
     steady = [await tenant_job(backend, "steady", payload={"i": i}) for i in range(40)]
     fresh = await tenant_job(backend, "flaky", payload={"i": "fresh"})
     order = [j.task_id for j in await picks(backend, 3, now=T0 + 2)]
     assert order[:2] == [steady[0].task_id, fresh.task_id]
+
+
+async def test_a_tenants_jobs_stay_fifo_whichever_of_them_are_cancelled(
+    backend: Backend,
+) -> None:
+    line = [await tenant_job(backend, "a", payload={"i": i}) for i in range(5)]
+    for job in line[:3]:  # the oldest: its newer jobs keep their places
+        await backend.cancel(job.task_id, now=T0 + 1)
+    await backend.cancel(line[4].task_id, now=T0 + 1)  # the newest: it leaves the line
+    late = await tenant_job(backend, "a", payload={"i": "late"})
+    order = [j.task_id for j in await picks(backend, 2, now=T0 + 2)]
+    assert order == [line[3].task_id, late.task_id]
 
 
 async def test_priority_comes_before_fairness(backend: Backend) -> None:

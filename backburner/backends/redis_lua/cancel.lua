@@ -11,8 +11,10 @@ if TERMINAL[status] then return {'unchanged', read_job(id)} end
 local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[2], f[3], f[10], f[13], f[12],
   f[17])
 if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
--- A queued job in its tenant's line (tagged) takes its cost out of the line (prelude:
--- fair_tag): a tenant whose backlog was cancelled does not wait behind work it no longer has.
+-- The newest queued job of its tenant's line (tagged: prelude fair_tag) takes itself back
+-- out: the line ends where it began. A backlog cancelled newest first (a batch's cancel)
+-- leaves nothing to wait behind; an older job's cancel changes nothing, so the tenant's next
+-- job still goes after its newer ones (FIFO).
 local line, last = pq .. ':' .. tenant, nil
 if status == 'queued' and tonumber(f[4]) then
   last = tonumber(redis.call('HGET', fkey(ty), line))
@@ -44,7 +46,7 @@ if status == 'queued' then
     gone = gone + lined
   end
   if gone == 0 then drop_ready(rkey(ty)) end
-  if lined > 0 and last then
+  if lined > 0 and last == tonumber(f[4]) then
     redis.call('HSET', fkey(ty), line, string.format('%d', last - cost))
   end
   redis.call('HINCRBY', QPRIO, priority, -1)
