@@ -46,15 +46,19 @@ def write_message(conn: sqlite3.Connection, job: Job, now: float, event: str | N
 def write_unreadable_message(conn: sqlite3.Connection, task_id: str, now: float) -> None:
     """``write_message`` for a job whose row does not parse (unreadable.py): from the columns
     it needs, which do. Its body is then made from the message alone (webhook_body)."""
-    found = conn.execute(
-        "SELECT webhook_url, status FROM jobs WHERE task_id = ?", (task_id,)
+    found = conn.execute(  # (as bytes: the damage may be there too)
+        "SELECT CAST(webhook_url AS BLOB), status FROM jobs WHERE task_id = ?", (task_id,)
     ).fetchone()
     if found is None or found[0] is None or found[1] not in _TERMINAL:
         return
+    try:
+        url = found[0].decode()
+    except UnicodeDecodeError:
+        return  # no message to an address that cannot be read
     conn.execute(
         "INSERT INTO webhooks (msg_id, task_id, event, url, status, created_at, next_at)"
         " VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-        (new_msg_id(), task_id, WEBHOOK_EVENTS[JobStatus(found[1])], found[0], now, now),
+        (new_msg_id(), task_id, WEBHOOK_EVENTS[JobStatus(found[1])], url, now, now),
     )
 
 

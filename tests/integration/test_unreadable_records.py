@@ -263,3 +263,21 @@ async def test_sqlite_text_that_is_no_json_or_no_utf8_costs_its_job_alone(
         assert claimed.task_id == good.task_id
         status, error = await stored_state(store, bad.task_id)
         assert status == "failed" and error is not None and error["type"] == "corrupt_record"
+
+
+async def test_sqlite_a_webhook_url_that_is_not_utf8_does_not_keep_its_job_from_failing(
+    tmp_path: Path,
+) -> None:
+    async with opened("sqlite", tmp_path) as store:
+        assert isinstance(store, SQLiteBackend)
+        job, _ = await store.enqueue(new_job("t", now=1.0, webhook_url="https://h.test/in"))
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(  # the job unreadable, and its webhook_url column too
+                "UPDATE jobs SET metadata = '{', webhook_url = CAST(X'68FF' AS TEXT)"
+                " WHERE task_id = ?",
+                (job.task_id,),
+            )
+        assert await store.claim("w", limit=1, now=2.0, lease_s=30.0) == []
+        status, error = await stored_state(store, job.task_id)
+        assert status == "failed" and error is not None and error["type"] == "corrupt_record"
+        assert await store.claim_webhooks(now=3.0, limit=10, lease_s=30.0) == []
