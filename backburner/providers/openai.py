@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import AsyncGenerator
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -57,11 +57,12 @@ class OpenAIProvider:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.shown_url = _without_userinfo(self.base_url)
+        self.shown_url = without_userinfo(self.base_url)
         """The base URL as messages and logs show it: no user name or password."""
         self.stream_usage = stream_usage
         """Send ``stream_options.include_usage`` (off for servers that refuse it)."""
-        hdrs = {"Accept": "text/event-stream", **(headers or {})}
+        # identity: a compressed answer would be inflated whole before any size limit saw it
+        hdrs = {"Accept": "text/event-stream", "Accept-Encoding": "identity", **(headers or {})}
         if api_key:
             hdrs["Authorization"] = f"Bearer {api_key}"
         for name, value in hdrs.items():
@@ -70,23 +71,8 @@ class OpenAIProvider:
                     f"{self.shown_url}: header {name!r} holds characters an HTTP header cannot"
                     " carry (a line break, a control or non-ASCII character)"
                 )
-        # Whatever the server or a library echoes of these never reaches a message.
-        # (httpx sends a user and password in the URL as Basic auth, in place of the key.)
-        parts = urlsplit(self.base_url)
-        basic = None
-        if parts.password:
-            pair = f"{unquote(parts.username or '')}:{unquote(parts.password)}"
-            basic = base64.b64encode(pair.encode()).decode()
-        self._secrets = [
-            secret
-            for secret in (
-                api_key,
-                parts.password,
-                parts.password and unquote(parts.password),
-                basic,
-            )
-            if secret
-        ]
+        self._secrets = _secrets(self.base_url, api_key, hdrs)
+        """Whatever the server or a library may echo of these is masked in every message."""
         # read_timeout_s bounds the silence between two chunks; timeout_s the wait for a pooled
         # connection and for sending the request. The job's timeout bounds the whole call.
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, read=read_timeout_s)
@@ -121,6 +107,7 @@ class OpenAIProvider:
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[str | Usage, None]:
         """Yield text deltas, then the usage; closes the connection if the caller stops early."""
         produced: list[str] = []
+        cut = False
         usage: dict[str, Any] | None = None
         finish: str | None = None
         done = False
@@ -130,21 +117,22 @@ class OpenAIProvider:
             ) as response:
                 if not 200 <= response.status_code < 300:
                     body = await _read_at_most(response, ERROR_BODY_BYTES)
-                    raise error_from_response(response, request.model, body)
+                    raise error_from_response(response, request.model, self._masked_bytes(body))
                 content_type = response.headers.get("content-type", "").lower()
                 if "text/event-stream" not in content_type:
                     # A server that ignored "stream": a whole answer, or an error, as JSON.
                     body = await _read_at_most(response, _answer_bytes(request))
-                    for item in _whole_answer(response, request, body):
+                    for item in _whole_answer(response, request, self._masked_bytes(body)):
                         yield item
                     return
                 # Past this many characters the server ignores max_tokens: the answer ends
-                # there, as at max_tokens (a token is about 4 characters; twice that is slack).
-                allowed, chars = 8 * request.max_tokens + 256, 0
+                # there, as at max_tokens. A token is about 4 characters of prose, up to 16 of
+                # a run of spaces or dots (Gemma 3's tokenizer): 32 is room for any answer.
+                allowed, chars = CHARS_PER_TOKEN * request.max_tokens + 1024, 0
                 async for line in _lines(response, _line_chars(request)):
                     if not line.startswith("data:"):
                         continue  # comments (": keep-alive"), event names, blank separators
-                    data = line[5:].strip()
+                    data = self._masked(line[5:].strip()) if self._secrets else line[5:].strip()
                     if data == "[DONE]":
                         done = True
                         break
@@ -161,7 +149,7 @@ class OpenAIProvider:
                             yield delta
                         finish = reason or finish
                     if chars >= allowed:
-                        finish, usage = "length", None  # (its count, if any, is not ours)
+                        cut = True
                         break
         except httpx.TimeoutException as exc:
             if finish is None:  # silent after the model finished (before [DONE]): complete
@@ -192,19 +180,37 @@ class OpenAIProvider:
         except ProviderError as exc:  # the server's words may echo what it was sent
             exc.args = (self._clean(str(exc)),)
             raise
+        if cut:  # as at max_tokens: what the server says of its count is not to be trusted
+            sent = "".join(m.content for m in request.as_messages())
+            yield Usage(estimate_tokens(sent), request.max_tokens, "length", estimated=True)
+            return
         if not done and finish is None:
             raise StreamInterruptedError(
                 f"{self.shown_url}: the stream ended without [DONE] after {len(produced)} deltas"
             )
         yield _usage(usage, request, "".join(produced), finish)
 
-    def _clean(self, text: str) -> str:
-        """``text`` without the key or password this provider sends (a server or a library
-        may echo them), and at most MESSAGE_CHARS long."""
+    def _masked(self, text: str) -> str:
+        """``text`` without the key, password or credentials this provider sends."""
         for secret in self._secrets:
-            text = text.replace(secret, "***")
+            if secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+    def _clean(self, text: str) -> str:
+        """``_masked`` text, at most MESSAGE_CHARS long (masked first: a cut through a
+        secret would leave part of it)."""
+        text = self._masked(text)
         return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
 
+    def _masked_bytes(self, body: bytes) -> bytes:
+        if not self._secrets:
+            return body
+        return self._masked(body.decode(errors="replace")).encode()
+
+
+CHARS_PER_TOKEN = 32
+"""A stream past this many characters a token of max_tokens (plus 1,024) is cut there."""
 
 ERROR_BODY_BYTES = 64 * 1024
 """Of an error answer, this much is read: its message is all it is read for."""
@@ -216,7 +222,8 @@ _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
-def _without_userinfo(url: str) -> str:
+def without_userinfo(url: str) -> str:
+    """``url`` without its user name and password (as messages and logs show it)."""
     parts = urlsplit(url)
     if parts.username is None and parts.password is None:
         return url
@@ -247,19 +254,55 @@ async def _read_at_most(response: httpx.Response, limit: int) -> bytes:
 async def _lines(response: httpx.Response, limit: int) -> AsyncGenerator[str, None]:
     """The lines of an event stream (ended by CR, LF or CRLF, as the SSE format has it: a CRLF
     split between two reads makes one empty line more, which ends no data); one longer than
-    ``limit`` characters is a server gone wrong (a permanent error)."""
-    pending = ""
+    ``limit`` characters is a server gone wrong (a permanent error). Linear: a read's text is
+    split once, and a line that spans reads is joined once."""
+    pending: list[str] = []
+    size = 0
     async for text in response.aiter_text():
-        *lines, pending = _LINE_BREAK.split(pending + text)
-        for line in lines:
-            yield line
-        if len(pending) > limit:
-            raise ProviderRequestError(
-                f"the event stream sent a line of over {limit} characters",
-                status=response.status_code,
-            )
-    if pending:
-        yield pending
+        parts = _LINE_BREAK.split(text)
+        if len(parts) > 1:
+            head = parts[0]
+            if size + len(head) > limit or any(len(part) > limit for part in parts[1:-1]):
+                raise _line_too_long(response, limit)
+            pending.append(head)
+            yield "".join(pending)
+            for line in parts[1:-1]:
+                yield line
+            pending, size = [], 0
+        pending.append(parts[-1])
+        size += len(parts[-1])
+        if size > limit:
+            raise _line_too_long(response, limit)
+    if size:
+        yield "".join(pending)
+
+
+def _line_too_long(response: httpx.Response, limit: int) -> ProviderRequestError:
+    return ProviderRequestError(
+        f"the event stream sent a line of over {limit} characters", status=response.status_code
+    )
+
+
+def _secrets(base_url: str, api_key: str | None, headers: dict[str, str]) -> list[str]:
+    """What a provider sends that must never be shown: its key, the credentials of its URL
+    (as written, decoded, encoded as httpx sends them, and as Basic auth, which httpx sends in
+    place of the key) and the values of credential-like headers of its config."""
+    found: set[str] = set()
+    if api_key:
+        found.add(api_key)
+    parts = urlsplit(base_url)
+    if "@" in parts.netloc:
+        user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+        for raw in (user, password):
+            found.update({raw, unquote(raw), quote(unquote(raw), safe="")})
+        pair = f"{unquote(user)}:{unquote(password)}"
+        found.add(base64.b64encode(pair.encode()).decode())
+    for name, value in headers.items():
+        lowered = name.lower()
+        if "auth" in lowered or any(word in lowered for word in ("key", "token", "secret")):
+            found.add(value)
+            found.add(value.partition(" ")[2])  # (the credentials after "Bearer ", "Basic ")
+    return sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
 
 
 def _choices(chunk: dict[str, Any]) -> list[tuple[str | None, str | None]]:

@@ -100,9 +100,7 @@ def _route(name: str, raw: Any) -> ModelRoute:
     if kind not in KINDS:
         raise ConfigurationError(f"{where}.provider must be one of {list(KINDS)}, got {kind!r}")
     base_url = raw.get("base_url")
-    if kind == "openai" and not (
-        isinstance(base_url, str) and urlsplit(base_url).scheme in ("http", "https")
-    ):
+    if kind == "openai" and not (isinstance(base_url, str) and _is_http_url(base_url)):
         raise ConfigurationError(f"{where}.base_url must be an http(s) URL for provider openai")
     limit = raw.get("max_concurrent")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
@@ -265,6 +263,14 @@ class ModelRouter:
         providers, self._providers = list(self._providers.values()), {}
         for provider in providers:
             await provider.aclose()
+
+
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # (an unclosed [IPv6 literal)
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _make_provider(route: ModelRoute) -> Provider:

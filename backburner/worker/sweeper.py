@@ -54,6 +54,12 @@ async def sweep_once(app: Backburner, *, limit: int = 1000) -> SweepReport:
             await app.hooks.retry(stored, error)
         elif isinstance(outcome, Fail):
             failed += 1
+            log.warning(
+                "job %s failed for good (%s): it is in the dead-letter queue",
+                job.task_id,
+                outcome.error.type,
+                extra=job_fields(stored, "dead_lettered"),
+            )
             await app.hooks.fail(stored)
     purged = await app.backend.purge_expired(now=now, limit=limit)
     return SweepReport(requeued, failed, purged)

@@ -409,16 +409,22 @@ async def test_a_generate_job_through_v1_tasks_is_checked_as_v1_generate_checks_
             ({"prompt": "x", "max_tokens": 6000.0}, "input.max_tokens"),
             ({"prompt": ["x", "x"]}, "input.prompt"),
             ({"prompt": "x", "temperature": 50}, "input.temperature"),
-            ({"messages": [{"content": "a"}]}, "input.messages.0.role"),
-            ({"prompt": "x", "stop": "abc"}, "input.stop"),
-            ({"prompt": "x", "extra": 1}, "input.extra"),
+            ({"messages": [{"role": "wizard", "content": "a"}]}, "input.messages"),
+            ({"prompt": "x", "stop": [""]}, "input.stop"),
+            ({"prompt": "x", "model": 7}, "input.model"),
         ]:
             refused = await a.post("/v1/tasks", json={"type": "generate", "input": odd})
             assert says in assert_error(refused, 422, "invalid_input")["message"], odd
-        fine = await a.post("/v1/tasks", json={"type": "generate", "input": {"prompt": "hi"}})
-        assert fine.status_code == 202, fine.text
+        # What the run takes is still taken: no role (a user's), one stop, five stops.
+        for fine in (
+            {"prompt": "hi"},
+            {"messages": [{"content": "a"}], "stop": "abc"},
+            {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"], "temperature": 0},
+        ):
+            taken = await a.post("/v1/tasks", json={"type": "generate", "input": fine})
+            assert taken.status_code == 202, taken.text
         listed = (await a.get("/v1/tasks")).json()["data"]
-        assert len(listed) == 1  # nothing of the refused ones was stored
+        assert len(listed) == 3  # nothing of the refused ones was stored
 
 
 async def test_priority_classes_by_name(tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -153,6 +155,38 @@ async def stream_with(
         await provider.aclose()
 
 
+@pytest.mark.parametrize(
+    ("options", "secret"),
+    [
+        ({"base_url": "http://alice:p@ss-SECRET@upstream.test/v1"}, "p@ss-SECRET"),
+        ({"base_url": "http://TOKEN-SECRET-9@upstream.test/v1"}, "TOKEN-SECRET-9"),
+        ({"headers": {"Authorization": "Bearer HDR-SECRET-1"}}, "HDR-SECRET-1"),
+        ({"headers": {"api-key": "AZURE-SECRET-2"}}, "AZURE-SECRET-2"),
+    ],
+)
+async def test_every_form_of_a_credential_is_masked(options: dict[str, Any], secret: str) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        echo = " ".join(f"{k}={v}" for k, v in request.headers.items()) + f" {request.url}"
+        return httpx.Response(401, json={"error": {"message": echo}})
+
+    with pytest.raises(ProviderAuthError) as caught:
+        await stream_with(handler, **options)
+    message = str(caught.value)
+    for form in (secret, quote(secret, safe=""), base64.b64encode(secret.encode()).decode()):
+        assert form not in message, message
+    assert "***" in message
+
+
+async def test_a_long_key_echoed_where_a_message_is_cut_is_masked_whole() -> None:
+    key = "sk-proj-" + "A1b2C3d4" * 20
+    parts = [f"data: unauthorized: Bearer {key}\n\n".encode()]  # not JSON: quoted, cut at 80
+    with pytest.raises(StreamInterruptedError) as caught:
+        await stream_with(
+            lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)), api_key=key
+        )
+    assert "A1b2C3d4" not in str(caught.value) and "unauthorized: ***" in str(caught.value)
+
+
 def echoing(request: httpx.Request) -> httpx.Response:
     echo = f"invalid {request.headers['authorization']} for {request.url}" + "!" * 5000
     return httpx.Response(401, json={"error": {"message": echo}})
@@ -161,10 +195,10 @@ def echoing(request: httpx.Request) -> httpx.Response:
 @pytest.mark.parametrize(
     ("options", "shown"),
     [
-        ({"api_key": "sk-SECRET-1"}, "invalid Bearer *** for http://upstream.test/v1/chat"),
+        ({"api_key": "sk-SECRET-1"}, "invalid *** for http://upstream.test/v1/chat"),
         (
             {"base_url": "http://alice:pw-SECRET-2@upstream.test/v1"},
-            "invalid Basic *** for http://alice:***@upstream.test/v1/chat",
+            "invalid Basic *** for http://***:***@upstream.test/v1/chat",
         ),
     ],
 )
@@ -198,15 +232,24 @@ async def test_a_header_no_request_can_carry_is_refused_without_showing_it(value
 
 
 async def test_a_server_that_ignores_max_tokens_is_cut_off_as_at_the_limit() -> None:
-    request = GenerationRequest(model="m", prompt="hi", max_tokens=16)  # 8 * 16 + 256 chars
+    request = GenerationRequest(model="m", prompt="hi", max_tokens=16)  # 32 * 16 + 1024 chars
     parts = [chunk("x" * 100) for _ in range(1000)]
     items = await stream_with(
         lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)), request
     )
     text = "".join(item for item in items if isinstance(item, str))
-    assert len(text) == 8 * 16 + 256
-    usage = items[-1]
-    assert isinstance(usage, Usage) and usage.finish_reason == "length" and usage.estimated
+    assert len(text) == 32 * 16 + 1024
+    assert items[-1] == Usage(1, 16, "length", estimated=True)  # as at max_tokens
+
+
+async def test_an_answer_of_long_tokens_within_max_tokens_is_not_cut() -> None:
+    # Runs of spaces or dots are up to 16 characters a token (Gemma 3's tokenizer).
+    request = GenerationRequest(model="m", prompt="hi", max_tokens=64)
+    parts = [*[chunk(" " * 16) for _ in range(63)], chunk("end", "stop"), b"data: [DONE]\n\n"]
+    items = await stream_with(
+        lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)), request
+    )
+    assert "".join(i for i in items if isinstance(i, str)) == " " * 16 * 63 + "end"
 
 
 async def test_an_endless_line_is_a_permanent_error_not_a_memory_blowup() -> None:
