@@ -13,6 +13,7 @@ from backburner import Backburner, Hooks, Job
 from backburner.api.events import format_event
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Outcome
+from backburner.clock import ManualClock
 from backburner.context import JobContext
 from backburner.errors import BackendError, InvalidInputError
 from backburner.models import Event, JobStatus
@@ -586,3 +587,22 @@ async def test_a_stop_and_a_dead_letter_are_each_logged_once(
 
 def _said(caplog: pytest.LogCaptureFixture, start: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage().startswith(start)]
+
+
+async def test_a_sweeper_that_dead_letters_a_job_logs_it(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(1000.0)
+    bb = Backburner(backend, settings=FAST, clock=clock)
+
+    @bb.task(max_attempts=1)
+    async def once(ctx: JobContext) -> None:
+        return None
+
+    job = await bb.enqueue("once")
+    await backend.claim("gone", limit=1, now=clock.now(), lease_s=1.0)
+    clock.advance(5.0)
+    report = await bb.sweep()
+    assert report.failed == 1
+    [dead] = _said(caplog, f"job {job.task_id} failed for good (lease_expired)")
+    assert (dead.levelno, getattr(dead, "event", None)) == (logging.WARNING, "dead_lettered")

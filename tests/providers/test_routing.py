@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from backburner import Backburner, Settings
+from backburner.cli.service import _model_line
 from backburner.errors import (
     ConfigurationError,
     ContextLengthExceededError,
@@ -183,6 +184,15 @@ async def test_a_key_read_with_its_trailing_newline_is_sent_without_it(
         await router.aclose()
 
 
-def test_a_base_url_must_be_http_or_https() -> None:
+@pytest.mark.parametrize("url", ["httpfoo://x", "http://[::1", "http://"])
+def test_a_base_url_must_be_http_or_https(url: str) -> None:
     with pytest.raises(ConfigurationError, match="base_url must be an http"):
-        ModelRouter({"models": {"m": {**OPENAI, "base_url": "httpfoo://x"}}})
+        ModelRouter({"models": {"m": {**OPENAI, "base_url": url}}})
+
+
+def test_the_serve_banner_names_a_model_url_without_its_password(tmp_path: Path) -> None:
+    route = {**OPENAI, "base_url": "https://al:hunter2@llm.test/v1"}
+    models = ModelRouter({"default_model": "m", "models": {"m": route}})
+    bb = Backburner(f"sqlite:///{tmp_path / 'b.db'}", models=models)
+    line = _model_line(bb)
+    assert "hunter2" not in line and "al:" not in line and "https://llm.test/v1" in line
