@@ -117,12 +117,12 @@ class OpenAIProvider:
             ) as response:
                 if not 200 <= response.status_code < 300:
                     body = await _read_at_most(response, ERROR_BODY_BYTES)
-                    raise error_from_response(response, request.model, self._masked_bytes(body))
+                    raise error_from_response(response, request.model, body)
                 content_type = response.headers.get("content-type", "").lower()
                 if "text/event-stream" not in content_type:
                     # A server that ignored "stream": a whole answer, or an error, as JSON.
                     body = await _read_at_most(response, _answer_bytes(request))
-                    for item in _whole_answer(response, request, self._masked_bytes(body)):
+                    for item in _whole_answer(response, request, body):
                         yield item
                     return
                 # Past this many characters the server ignores max_tokens: the answer ends
@@ -132,7 +132,7 @@ class OpenAIProvider:
                 async for line in _lines(response, _line_chars(request)):
                     if not line.startswith("data:"):
                         continue  # comments (": keep-alive"), event names, blank separators
-                    data = self._masked(line[5:].strip()) if self._secrets else line[5:].strip()
+                    data = line[5:].strip()
                     if data == "[DONE]":
                         done = True
                         break
@@ -202,11 +202,6 @@ class OpenAIProvider:
         secret would leave part of it)."""
         text = self._masked(text)
         return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
-
-    def _masked_bytes(self, body: bytes) -> bytes:
-        if not self._secrets:
-            return body
-        return self._masked(body.decode(errors="replace")).encode()
 
 
 CHARS_PER_TOKEN = 32
@@ -310,14 +305,14 @@ def _choices(chunk: dict[str, Any]) -> list[tuple[str | None, str | None]]:
     out = []
     for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
-            raise StreamInterruptedError(f"the stream sent a malformed choice: {choice!r:.80}")
+            raise StreamInterruptedError(f"the stream sent a malformed choice: {choice!r}")
         delta = choice.get("delta") or {}
         text = delta.get("content") if isinstance(delta, dict) else None
         reason = choice.get("finish_reason")
         if (text is not None and not isinstance(text, str)) or (
             reason is not None and not isinstance(reason, str)
         ):
-            raise StreamInterruptedError(f"the stream sent a malformed choice: {choice!r:.80}")
+            raise StreamInterruptedError(f"the stream sent a malformed choice: {choice!r}")
         out.append((text, reason))
     return out
 
@@ -332,7 +327,7 @@ def _whole_answer(
         kind = response.headers.get("content-type", "no content type")
         raise ProviderRequestError(
             f"{response.status_code} from {response.request.url.host} is not an event stream"
-            f" ({kind}): {body[:200].decode(errors='replace')!r}",
+            f" ({kind}): {body.decode(errors='replace')!r}",
             status=response.status_code,
         ) from None
     if isinstance(payload, dict) and payload.get("error"):
@@ -344,7 +339,7 @@ def _whole_answer(
             raise TypeError
     except (KeyError, IndexError, TypeError):
         raise ProviderRequestError(
-            f"the answer is neither an event stream nor a completion: {str(payload)[:200]!r}",
+            f"the answer is neither an event stream nor a completion: {str(payload)!r}",
             status=response.status_code,
         ) from None
     usage = _usage(payload.get("usage"), request, text, choice.get("finish_reason"))
@@ -356,12 +351,10 @@ def _parse_chunk(data: str) -> dict[str, Any]:
         chunk = json.loads(data)
     except ValueError:
         raise StreamInterruptedError(
-            f"the stream sent a chunk that is not JSON: {data[:80]!r}"
+            f"the stream sent a chunk that is not JSON: {data!r}"
         ) from None
     if not isinstance(chunk, dict):
-        raise StreamInterruptedError(
-            f"the stream sent a chunk that is not an object: {data[:80]!r}"
-        )
+        raise StreamInterruptedError(f"the stream sent a chunk that is not an object: {data!r}")
     return chunk
 
 
@@ -397,10 +390,8 @@ def error_from_response(response: httpx.Response, model: str, body: bytes) -> Pr
     try:
         payload: Any = json.loads(body)
     except ValueError:
-        payload = body[:500].decode(errors="replace")
+        payload = body.decode(errors="replace")
     message, code = _message_of(payload)
-    if len(message) > MESSAGE_CHARS:
-        message = message[: MESSAGE_CHARS - 1] + "…"
     text = f"{response.status_code} from {response.request.url.host}: {message}"
     after = parse_retry_after(response.headers.get("retry-after"))
     return error_for_status(response.status_code, text, code, model, after)

@@ -285,3 +285,14 @@ async def test_an_error_code_written_as_text_keeps_its_meaning() -> None:
     parts = [b'data: {"error": {"message": "bad value", "code": "400"}}\n\n']
     with pytest.raises(ProviderRequestError):
         await run(lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)))
+
+
+async def test_the_answer_itself_is_never_masked() -> None:
+    # Only error messages are: a user name that is also a word of the answer stays in it.
+    parts = [chunk("hello alice"), chunk(", admin", "stop"), b"data: [DONE]\n\n"]
+    items = await stream_with(
+        lambda r: httpx.Response(200, headers=SSE, stream=Chunks(parts)),
+        base_url="http://alice:pw-SECRET@upstream.test/v1",
+        headers={"X-Api-Key": "admin"},
+    )
+    assert "".join(i for i in items if isinstance(i, str)) == "hello alice, admin"
