@@ -16,6 +16,10 @@ BATCH_STEP = "requests"
 """The name of the batch pipeline's one ``map``: its children are the batch's requests."""
 
 
+DEFAULT_MAX_TOKENS = 256
+"""A generate job's max_tokens when its input names none."""
+
+
 def install_builtin_tasks(bb: Backburner) -> None:
     """Register ``generate`` and ``batch`` on ``bb`` unless it has tasks of those names, and
     ``research`` over ``settings.research_folder`` when that is set."""
@@ -36,7 +40,7 @@ def _install_generate(bb: Backburner) -> None:
         prompt: str | None = None,
         messages: list[dict[str, Any]] | None = None,
         model: str | None = None,
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         temperature: float | None = None,
         stop: list[str] | None = None,
     ) -> dict[str, Any]:

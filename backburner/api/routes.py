@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from ..app import Backburner
 from ..backends.base import fingerprint
-from ..builtin import BATCH, GENERATE, has_builtin_batch, is_builtin
+from ..builtin import BATCH, DEFAULT_MAX_TOKENS, GENERATE, has_builtin_batch, is_builtin
 from ..errors import BackendError, InvalidInputError, PermissionDeniedError, QuotaExceededError
 from ..jsoncodec import depth
 from ..keys import KeyRing, Principal
@@ -137,7 +137,7 @@ class Api:
             raise InvalidInputError("input.temperature: must be a number from 0 to 2")
         stop = payload.get("stop")
         listed = isinstance(stop, list) and all(isinstance(x, str) and x for x in stop)
-        if stop is not None and not isinstance(stop, str) and not listed:
+        if stop and not isinstance(stop, str) and not listed:  # (the run takes none as ())
             raise InvalidInputError("input.stop: must be a string or a list of strings")
         model = payload.get("model")
         if model is not None and not isinstance(model, str):
@@ -160,7 +160,8 @@ class Api:
             chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
         if chars > max_chars:
             raise InvalidInputError(f"the prompt has {chars} characters; the limit is {max_chars}")
-        requested = payload.get("max_tokens")
+        # (Left out, the built-in task's own default applies: capped like any other.)
+        requested = payload.get("max_tokens", DEFAULT_MAX_TOKENS)
         if isinstance(requested, int) and requested > max_tokens:
             raise InvalidInputError(f"max_tokens is limited to {max_tokens}")
 

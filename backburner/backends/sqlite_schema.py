@@ -370,10 +370,16 @@ def _statements(script: str) -> list[str]:
 def _up_to_date(conn: sqlite3.Connection) -> bool:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
+    cancel = conn.execute(
+        "SELECT sql FROM sqlite_schema WHERE name = 'jobs_line_cancel'"
+    ).fetchone()
     return (
         columns.issuperset(c for c, _ in _ADDED_COLUMNS)
         and names.issuperset(_ADDED_NAMES)
         and names.isdisjoint(_SUPERSEDED)
+        # (a development build's jobs_line_cancel refunded any cancel, not just the newest)
+        and cancel is not None
+        and "last_tag = OLD.fair_tag" in cancel[0]
     )
 
 
@@ -393,7 +399,12 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
         for index in _SUPERSEDED:
             conn.execute(f"DROP INDEX IF EXISTS {index}")
         # Made again below from today's definitions (since children, a child is not counted).
-        for trigger in ("jobs_line_insert", "jobs_line_status", "jobs_line_delete"):
+        for trigger in (
+            "jobs_line_insert",
+            "jobs_line_status",
+            "jobs_line_delete",
+            "jobs_line_cancel",
+        ):
             conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         for statement in _statements(ADDED_SINCE_VERSION_1):
             conn.execute(statement)

@@ -390,7 +390,8 @@ async def test_prompt_and_max_tokens_caps_are_per_tenant(tmp_path: Path) -> None
         assert "8" in assert_error(many, 422)["message"]
         ok = await tiny.post("/v1/generate", json={"prompt": "hi", "max_tokens": 8})
         assert ok.status_code == 202, ok.text
-        for sneaky in ({"prompt": "x" * 21}, {"prompt": "hi", "max_tokens": 9}):  # via /v1/tasks
+        # Via /v1/tasks too (max_tokens left out is the task's default, 256: over the cap)
+        for sneaky in ({"prompt": "x" * 21}, {"prompt": "hi", "max_tokens": 9}, {"prompt": "hi"}):
             around = await tiny.post("/v1/tasks", json={"type": "generate", "input": sneaky})
             assert_error(around, 422, "invalid_input")
         async with as_(server, KEY_A) as a:

@@ -103,3 +103,29 @@ async def test_a_file_from_before_tenants_is_upgraded_and_its_jobs_carry_on(
         assert picked.task_id == acme.task_id and picked.status == JobStatus.PROCESSING
     finally:
         await engine.close()
+
+
+async def test_a_file_with_an_earlier_cancel_trigger_gets_todays(tmp_path: Path) -> None:
+    path = str(tmp_path / "dev.db")
+    engine = SQLiteBackend(path)
+    await engine.connect()
+    await engine.close()
+    with sqlite3.connect(path) as conn:  # as a development build made it: any cancel refunds
+        conn.execute("DROP TRIGGER jobs_line_cancel")
+        conn.execute(
+            "CREATE TRIGGER jobs_line_cancel AFTER UPDATE OF status ON jobs"
+            " WHEN OLD.status = 'queued' AND NEW.status = 'cancelled'"
+            " AND OLD.fair_tag IS NOT NULL BEGIN"
+            " UPDATE tenant_lines SET last_tag = last_tag - OLD.fair_cost"
+            " WHERE tenant = OLD.tenant AND type = OLD.type AND priority = OLD.priority; END"
+        )
+    conn.close()
+    engine = SQLiteBackend(path)
+    await engine.connect()
+    await engine.close()
+    with sqlite3.connect(path) as conn:
+        (sql,) = conn.execute(
+            "SELECT sql FROM sqlite_schema WHERE name = 'jobs_line_cancel'"
+        ).fetchone()
+    conn.close()
+    assert "last_tag = OLD.fair_tag" in sql
