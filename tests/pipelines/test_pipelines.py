@@ -119,10 +119,11 @@ async def test_the_parent_reports_its_childrens_progress(bb: Backburner) -> None
         job = await bb.enqueue("parent")
 
         async def half_done() -> bool:
+            # Parked too: its progress is written before its wait is (a run in between).
             seen = await bb.get(job.task_id)
-            return seen.progress.percent == 50.0
+            return seen.progress.percent == 50.0 and seen.status == JobStatus.QUEUED
 
-        await eventually(half_done, message="parent at 50%")
+        await eventually(half_done, message="parent at 50%, parked")
         parked = await bb.get(job.task_id)
         assert (
             parked.status == JobStatus.QUEUED
