@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from backburner import Backburner, Settings
+from backburner import Backburner, Job, JobContext, Settings
+from backburner.backends import Backend
+from backburner.clock import ManualClock
 from backburner.worker import Worker
 
 WORKER_TEST_SETTINGS = Settings(
@@ -109,3 +111,21 @@ class WorkerProcesses:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+async def abandoned_job(
+    backend: Backend, settings: Settings, *, max_attempts: int, lease_s: float
+) -> tuple[Backburner, ManualClock, Job]:
+    """An app on a manual clock (at 1000.0) with one task, ``noop``, and a job of it claimed
+    by a worker that is gone (its lease ends ``lease_s`` from now)."""
+    clock = ManualClock(1000.0)
+    bb = Backburner(backend, settings=settings, clock=clock)
+
+    @bb.task(max_attempts=max_attempts)
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    job = await bb.enqueue("noop")
+    [claimed] = await backend.claim("gone", limit=1, now=clock.now(), lease_s=lease_s)
+    assert claimed.task_id == job.task_id
+    return bb, clock, claimed

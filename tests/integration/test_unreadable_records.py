@@ -20,7 +20,6 @@ from backburner import Backburner, JobContext
 from backburner.backends import Backend
 from backburner.backends.redis import RedisBackend
 from backburner.backends.sqlite import SQLiteBackend
-from backburner.clock import ManualClock
 from backburner.errors import CorruptRecordError
 from backburner.models import JobStatus
 from backburner.webhooks.dispatcher import webhook_body
@@ -28,7 +27,7 @@ from backburner.worker.sweeper import sweep_once
 
 from ..conformance._support import new_job, opened
 from ..conftest import REDIS_TEST_URL
-from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
+from ..helpers import WORKER_TEST_SETTINGS, abandoned_job, eventually, running_worker
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -122,16 +121,7 @@ async def test_reads_name_the_unreadable_job_and_listings_leave_it_out(store: Ba
 
 
 async def test_a_sweeper_fails_an_unreadable_job_whose_lease_ended(store: Backend) -> None:
-    clock = ManualClock(1000.0)
-    bb = Backburner(store, settings=WORKER_TEST_SETTINGS, clock=clock)
-
-    @bb.task(max_attempts=3)
-    async def echo(ctx: JobContext) -> None:
-        return None
-
-    job = await bb.enqueue("echo")
-    [claimed] = await store.claim("gone", limit=1, now=clock.now(), lease_s=5.0)
-    assert claimed.task_id == job.task_id
+    bb, clock, job = await abandoned_job(store, WORKER_TEST_SETTINGS, max_attempts=3, lease_s=5.0)
     await damage(store, job.task_id)
     clock.advance(10.0)
     report = await sweep_once(bb)

@@ -13,13 +13,12 @@ from backburner import Backburner, Hooks, Job
 from backburner.api.events import format_event
 from backburner.backends import Backend
 from backburner.backends.base import Complete, Outcome
-from backburner.clock import ManualClock
 from backburner.context import JobContext
 from backburner.errors import BackendError, InvalidInputError
 from backburner.models import Event, JobStatus
 from backburner.worker import runner
 
-from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
+from ..helpers import WORKER_TEST_SETTINGS, abandoned_job, eventually, running_worker
 
 FAST = WORKER_TEST_SETTINGS.replace(lease_s=1.0)
 
@@ -592,15 +591,7 @@ def _said(caplog: pytest.LogCaptureFixture, start: str) -> list[logging.LogRecor
 async def test_a_sweeper_that_dead_letters_a_job_logs_it(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = ManualClock(1000.0)
-    bb = Backburner(backend, settings=FAST, clock=clock)
-
-    @bb.task(max_attempts=1)
-    async def once(ctx: JobContext) -> None:
-        return None
-
-    job = await bb.enqueue("once")
-    await backend.claim("gone", limit=1, now=clock.now(), lease_s=1.0)
+    bb, clock, job = await abandoned_job(backend, FAST, max_attempts=1, lease_s=1.0)
     clock.advance(5.0)
     report = await bb.sweep()
     assert report.failed == 1
