@@ -17,7 +17,7 @@ from ..jsoncodec import depth
 from ..keys import KeyRing, Principal
 from ..models import Job, JobStatus, WebhookDelivery
 from ..observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..providers.base import messages_from
+from ..providers.base import generation_args
 from ..settings import Settings
 from .auth import Caller, require_admin, scope
 from .errors import documented
@@ -109,43 +109,32 @@ class Api:
         )
 
     def check_generation(self, payload: dict[str, Any]) -> None:
-        """What a built-in ``generate`` job's run would refuse (or that would slip past the
-        caps: max_tokens as text), refused at submission: ``/v1/tasks`` passes input through,
-        and a model that is not configured, a prompt that is a list, were stored to fail later.
-        No stricter than the run: input it took before is still taken."""
-        prompt, messages = payload.get("prompt"), payload.get("messages")
-        if (prompt is None) == (messages is None):
-            raise InvalidInputError("input: give exactly one of prompt or messages")
-        if prompt is not None and not isinstance(prompt, str):
-            raise InvalidInputError("input.prompt: must be a string")
-        if messages is not None:
-            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise InvalidInputError("input.messages: must be a list of objects")
-            try:
-                messages_from(messages)
-            except ValueError as exc:
-                raise InvalidInputError(f"input.messages: {exc}") from None
-        max_tokens = payload.get("max_tokens", 1)
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InvalidInputError("input.max_tokens: must be an integer >= 1")
-        temperature = payload.get("temperature")
-        if temperature is not None and not (
-            isinstance(temperature, int | float)
-            and not isinstance(temperature, bool)
-            and 0 <= temperature <= 2
-        ):
-            raise InvalidInputError("input.temperature: must be a number from 0 to 2")
-        stop = payload.get("stop")
-        listed = isinstance(stop, list) and all(isinstance(x, str) and x for x in stop)
-        if stop and not isinstance(stop, str) and not listed:  # (the run takes none as ())
-            raise InvalidInputError("input.stop: must be a string or a list of strings")
+        """What a built-in ``generate`` job's run would refuse, refused at submission:
+        ``/v1/tasks`` passes input through, and a model that is not configured, a prompt that is
+        a list, max_tokens as text (past the caps), were stored to fail later. The run's own
+        checks (``generation_args``, with its defaults), so no stricter than the run."""
+        try:
+            generation_args(
+                payload.get("prompt"),
+                payload.get("messages"),
+                payload.get("max_tokens", DEFAULT_MAX_TOKENS),
+                payload.get("temperature"),
+                payload.get("stop") or (),  # (as the built-in task takes it)
+            )
+        except ValueError as exc:
+            raise InvalidInputError(f"input: {exc}") from None
         model = payload.get("model")
         if model is not None and not isinstance(model, str):
-            raise InvalidInputError("input.model: must be a string")
-        model = model or self.bb.models.default_model
-        if model not in self.bb.models.routes:
+            raise InvalidInputError("input: model must be a string")
+        self.check_model(model)
+
+    def check_model(self, model: str | None) -> str:
+        """The configured model that ``model`` names (None: the default one)."""
+        name = model or self.bb.models.default_model
+        if name not in self.bb.models.routes:
             known = ", ".join(sorted(self.bb.models.routes))
-            raise InvalidInputError(f"no model {model!r} is configured (known: {known})")
+            raise InvalidInputError(f"no model {name!r} is configured (known: {known})")
+        return name
 
     def check_generation_caps(self, caller: Principal, payload: dict[str, Any]) -> None:
         """The caller's prompt-size and max_tokens caps for a ``generate`` job, however it was
@@ -278,10 +267,7 @@ def build_router(api: Api) -> APIRouter:
         """Generate text with a configured model (``model`` omitted: the default model)."""
         api.check_json(body.metadata)
         messages = [m.model_dump() for m in body.messages] if body.messages else None
-        model = body.model or bb.models.default_model
-        if model not in bb.models.routes:
-            known = ", ".join(sorted(bb.models.routes))
-            raise InvalidInputError(f"no model {model!r} is configured (known: {known})")
+        model = api.check_model(body.model)
         payload: dict[str, Any] = {"model": model, "max_tokens": body.max_tokens}
         if body.stop:
             payload["stop"] = body.stop

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PipelineDefinitionError
 from ..hooks import Hooks
-from ..models import TERMINAL_STATUSES, Job, JobStatus
+from ..models import Job, JobStatus
 from .context import PIPELINE_EVENTS, PipelineContext, StepRetry
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class ParentWaker(Hooks):
         # Its status alone: a batch's record holds all its requests' inputs, and each of its
         # 10,000 requests asks as it starts.
         status = await self.app.backend.job_status(job.parent_id)
-        if status is None or status in TERMINAL_STATUSES:
+        if status is None or status.is_terminal:
             await self.app.cancel(job.task_id)
 
     async def on_complete(self, job: Job) -> None:

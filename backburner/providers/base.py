@@ -85,6 +85,34 @@ def messages_from(raw: Sequence[Mapping[str, object]]) -> tuple[Message, ...]:
     return tuple(out)
 
 
+def generation_args(
+    prompt: object, messages: object, max_tokens: object, temperature: object, stop: object
+) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+    """A generation's arguments checked (ValueError says which is wrong): its chat messages
+    (none for a prompt) and its stop sequences (one string is one sequence)."""
+    if (prompt is None) == (messages is None):
+        raise ValueError("give exactly one of prompt or messages")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError("prompt must be a string")
+    if messages is not None and not (
+        isinstance(messages, list | tuple) and all(isinstance(m, Mapping) for m in messages)
+    ):
+        raise ValueError("messages must be a list of objects")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if temperature is not None and not (
+        isinstance(temperature, int | float)
+        and not isinstance(temperature, bool)
+        and 0.0 <= temperature <= 2.0
+    ):
+        raise ValueError(f"temperature must be from 0 to 2, got {temperature!r}")
+    sequences = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(sequences, Sequence) or not all(isinstance(s, str) and s for s in sequences):
+        raise ValueError(f"stop must be strings that are not empty, got {stop!r}")
+    chat = messages_from(messages) if messages is not None else ()
+    return chat, tuple(sequences)
+
+
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110)."""
     if value is None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ProviderError, ProviderRequestError
-from .base import GenerationRequest, Usage, estimate_tokens, messages_from
+from .base import GenerationRequest, Usage, estimate_tokens, generation_args
 from .routing import ModelRoute, ModelRouter
 from .slots import model_slot
 from .token_events import TokenEvents
@@ -122,22 +122,8 @@ class JobLLM:
     ) -> AsyncGenerator[str | Generation, None]:
         """The deltas, then the call's Generation (with no text: the caller joins it)."""
         # Bad arguments fail the job at once: a retry would send the same ones.
-        if (prompt is None) == (messages is None):
-            raise ProviderRequestError("give exactly one of prompt or messages")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise ProviderRequestError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        if temperature is not None and not (
-            isinstance(temperature, int | float)
-            and not isinstance(temperature, bool)
-            and 0.0 <= temperature <= 2.0
-        ):
-            raise ProviderRequestError(f"temperature must be from 0 to 2, got {temperature!r}")
-        if isinstance(stop, str):
-            stop = (stop,)  # one stop sequence, not one per character
-        if not all(isinstance(s, str) and s for s in stop):
-            raise ProviderRequestError(f"stop must be strings that are not empty, got {stop!r}")
         try:
-            chat = messages_from(messages) if messages is not None else ()
+            chat, stop = generation_args(prompt, messages, max_tokens, temperature, stop)
         except ValueError as exc:
             raise ProviderRequestError(str(exc)) from None
         route, fallback = self.pick(model)
@@ -147,7 +133,7 @@ class JobLLM:
             prompt=prompt,
             max_tokens=max_tokens,
             temperature=temperature,
-            stop=tuple(stop),
+            stop=stop,
         )
         provider = self._router.provider(route)
         ctx = self._ctx

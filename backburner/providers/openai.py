@@ -121,7 +121,7 @@ class OpenAIProvider:
                 content_type = response.headers.get("content-type", "").lower()
                 if "text/event-stream" not in content_type:
                     # A server that ignored "stream": a whole answer, or an error, as JSON.
-                    body = await _read_at_most(response, _answer_bytes(request))
+                    body = await _read_at_most(response, _size_limit(request))
                     for item in _whole_answer(response, request, body):
                         yield item
                     return
@@ -129,7 +129,7 @@ class OpenAIProvider:
                 # there, as at max_tokens. A token is about 4 characters of prose, up to 16 of
                 # a run of spaces or dots (Gemma 3's tokenizer): 32 is room for any answer.
                 allowed, chars = CHARS_PER_TOKEN * request.max_tokens + 1024, 0
-                async for line in _lines(response, _line_chars(request)):
+                async for line in _lines(response, _size_limit(request)):
                     if not line.startswith("data:"):
                         continue  # comments (": keep-alive"), event names, blank separators
                     data = line[5:].strip()
@@ -226,13 +226,9 @@ def without_userinfo(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
-def _answer_bytes(request: GenerationRequest) -> int:
-    """The most a whole (not streamed) answer may take: 64 bytes a token, and some room."""
-    return 64 * 1024 + 64 * request.max_tokens
-
-
-def _line_chars(request: GenerationRequest) -> int:
-    """The longest line of an event stream read: a chunk of one delta is far shorter."""
+def _size_limit(request: GenerationRequest) -> int:
+    """The most a whole (not streamed) answer, or one line of an event stream, may take:
+    64 bytes a token of max_tokens, and 64 KB of room (a chunk of one delta is far shorter)."""
     return 64 * 1024 + 64 * request.max_tokens
 
 

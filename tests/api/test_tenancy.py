@@ -406,13 +406,13 @@ async def test_a_generate_job_through_v1_tasks_is_checked_as_v1_generate_checks_
         for odd, says in [
             ({"prompt": "x", "model": "nonexistent"}, "no model 'nonexistent'"),
             ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one"),
-            ({"prompt": "x", "max_tokens": "6000"}, "input.max_tokens"),
-            ({"prompt": "x", "max_tokens": 6000.0}, "input.max_tokens"),
-            ({"prompt": ["x", "x"]}, "input.prompt"),
-            ({"prompt": "x", "temperature": 50}, "input.temperature"),
-            ({"messages": [{"role": "wizard", "content": "a"}]}, "input.messages"),
-            ({"prompt": "x", "stop": [""]}, "input.stop"),
-            ({"prompt": "x", "model": 7}, "input.model"),
+            ({"prompt": "x", "max_tokens": "6000"}, "input: max_tokens must be"),
+            ({"prompt": "x", "max_tokens": 6000.0}, "input: max_tokens must be"),
+            ({"prompt": ["x", "x"]}, "input: prompt must be"),
+            ({"prompt": "x", "temperature": 50}, "input: temperature must be"),
+            ({"messages": [{"role": "wizard", "content": "a"}]}, "input: a message needs a role"),
+            ({"prompt": "x", "stop": [""]}, "input: stop must be"),
+            ({"prompt": "x", "model": 7}, "input: model must be"),
         ]:
             refused = await a.post("/v1/tasks", json={"type": "generate", "input": odd})
             assert says in assert_error(refused, 422, "invalid_input")["message"], odd
