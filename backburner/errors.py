@@ -40,6 +40,7 @@ The tree::
             ├── ContextLengthExceededError  the prompt does not fit     (a PermanentError)
             ├── ProviderRequestError        400: the provider refused the request (permanent)
             ├── ProviderAuthError           401/403: key missing or refused   (permanent)
+            ├── QuotaExhaustedError         429 insufficient_quota: billing, not load (permanent)
             └── ModelNotFoundError          404, or no route for the model    (permanent)
 
 Handlers may raise any exception; only ``TaskError`` subclasses carry instructions.
@@ -343,6 +344,13 @@ class ProviderAuthError(ProviderError, PermanentError):
     """The provider refused the credentials (401, 403), or the key's variable is unset."""
 
     code = "authentication_failed"
+
+
+class QuotaExhaustedError(ProviderError, PermanentError):
+    """The account's quota or spending limit is used up (OpenAI's 429 ``insufficient_quota``):
+    waiting does not bring it back, so the job fails at once, or goes to its fallback."""
+
+    code = "quota_exhausted"
 
 
 class ModelNotFoundError(ProviderError, PermanentError):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
+import contextlib
 import email.utils
+import re
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,20 +117,33 @@ def generation_args(
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110)."""
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110,
+    any of its three date forms). Anything else (``inf``, ``1_0``, ``0x10``) is None."""
     if value is None:
         return None
     text = value.strip()
-    try:
+    if _DELAY_SECONDS.fullmatch(text):
         seconds = float(text)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
+    else:
+        when = _http_date(text)
+        if when is None:
             return None
-        if when.tzinfo is None:  # an HTTP date is always GMT
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds:
-        return None
+        seconds = when - (time.time() if now is None else now)
     return min(LONGEST_RETRY_AFTER_S, max(0.0, seconds))
+
+
+_DELAY_SECONDS = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+"""Whole seconds as RFC 9110 writes them; a fraction, and a sign (read as 0), let through."""
+
+
+def _http_date(text: str) -> float | None:
+    """The Unix time of an HTTP date: IMF-fixdate, RFC 850's, or C's asctime (always GMT)."""
+    with contextlib.suppress(ValueError):  # asctime, "Sun Nov  6 08:49:37 1994": no zone
+        return float(calendar.timegm(time.strptime(text, "%a %b %d %H:%M:%S %Y")))
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # a date with "-0000" or no zone: not an HTTP date
+        return None
+    return when.timestamp()

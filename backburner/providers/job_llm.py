@@ -9,7 +9,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ProviderError, ProviderRequestError
+from ..errors import (
+    ProviderError,
+    ProviderRequestError,
+    QuotaExhaustedError,
+    RateLimitedError,
+)
 from .base import GenerationRequest, Usage, estimate_tokens, generation_args
 from .routing import ModelRoute, ModelRouter
 from .slots import model_slot
@@ -174,9 +179,12 @@ class JobLLM:
                     if sink is not None:
                         await sink.flush()  # the partial text stays in the job's events
                     job = ctx.job
-                    if exc.retryable and fallback is not None and job.attempts < job.max_attempts:
-                        # The next attempt goes to another model: this one's wait is not its wait.
-                        raise type(exc)(
+                    moves = exc.retryable or isinstance(exc, QuotaExhaustedError)
+                    if moves and fallback is not None and job.attempts < job.max_attempts:
+                        # The next attempt goes to another model: this one's wait is not its
+                        # wait, and its spent quota is not the other's (a 429: rate_limited).
+                        again = type(exc) if exc.retryable else RateLimitedError
+                        raise again(
                             f"{exc} (the next attempt goes to model {fallback.name!r})",
                             status=exc.status,
                             after=0.0,

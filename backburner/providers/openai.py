@@ -22,6 +22,7 @@ from ..errors import (
     ProviderError,
     ProviderRequestError,
     ProviderUnavailableError,
+    QuotaExhaustedError,
     RateLimitedError,
     StreamInterruptedError,
 )
@@ -399,6 +400,8 @@ def error_for_status(
     """The ProviderError that an HTTP status (and the error's code/type words) stands for."""
     if 300 <= status < 400:
         return ProviderRequestError(f"{text} (a redirect: check base_url)", status=status)
+    if status == 429 and _is_quota_error(code):
+        return QuotaExhaustedError(text, status=status)
     if status == 429 or (status == 503 and after is not None):
         return RateLimitedError(text, status=status, after=after)
     if status >= 500 or status == 408:
@@ -422,9 +425,18 @@ def _error_in_stream(error: Any, model: str) -> ProviderError:
         status = int(status)  # ("code": "400", as some servers write it)
     if isinstance(status, int) and not isinstance(status, bool) and 300 <= status < 600:
         return error_for_status(status, f"the provider reported: {message}", code, model)
+    if _is_quota_error(code):
+        return QuotaExhaustedError(f"the provider reported: {message}")
     if "rate_limit" in code or "rate limit" in message.lower():
         return RateLimitedError(f"the provider reported: {message}")
     return StreamInterruptedError(f"the stream reported an error: {message}")
+
+
+def _is_quota_error(code: str) -> bool:
+    """A 429 whose code or type says the account's quota or budget is spent, not that it
+    sent too fast (OpenAI: ``insufficient_quota``; older: ``billing_hard_limit_reached``)."""
+    lowered = code.lower()
+    return "insufficient_quota" in lowered or "billing_hard_limit" in lowered
 
 
 def _is_context_error(text: str) -> bool:

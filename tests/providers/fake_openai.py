@@ -99,6 +99,15 @@ def build_app(state: FakeState) -> Starlette:
             )
         if kind == "ratelimit" and failing:
             return _error(429, "Rate limit reached", "rate_limit_exceeded", **{"Retry-After": "1"})
+        if kind == "quota" and failing:  # OpenAI's answer to an account out of credit
+            body = {
+                "error": {
+                    "message": "You exceeded your current quota, please check your plan.",
+                    "type": "insufficient_quota",
+                    "code": "insufficient_quota",
+                }
+            }
+            return JSONResponse(body, status_code=429)
         if kind == "ratedate" and failing:
             when = email.utils.formatdate(time.time() + 2, usegmt=True)
             return _error(429, "Rate limit reached", None, **{"Retry-After": when})

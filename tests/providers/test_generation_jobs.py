@@ -170,6 +170,28 @@ async def test_after_a_retryable_failure_the_next_attempt_goes_to_the_fallback_m
     assert time.monotonic() - started < 10
 
 
+async def test_a_spent_quota_fails_at_once_without_a_fallback_and_moves_with_one(
+    fake: FakeOpenAI, make: Any
+) -> None:
+    spent, backup = tag("quota"), tag("ok")
+    models = {
+        "alone": route(fake, spent),
+        "paid": route(fake, spent, fallback=["spare"]),
+        "spare": route(fake, backup),
+    }
+    bb = await make(models)
+    alone = await run_one(bb, model="alone")
+    assert alone.status is JobStatus.FAILED and alone.attempts == 1
+    assert alone.error is not None and alone.error.type == "quota_exhausted"
+    assert not alone.error.retryable and "exceeded your current quota" in alone.error.message
+    moved = await run_one(bb, model="paid")
+    assert moved.status is JobStatus.COMPLETED and moved.attempts == 2
+    assert moved.result is not None and moved.result["model"] == "spare"
+    failed = [e.data for e in await bb.events(moved.task_id) if e.type == "attempt_failed"]
+    assert failed[0]["error"]["type"] == "rate_limited"
+    assert "next attempt goes to model 'spare'" in failed[0]["error"]["message"]
+
+
 async def test_an_unknown_model_fails_the_job_at_once(make: Any) -> None:
     bb = await make({})
     job = await run_one(bb, model="gpt-9")

@@ -14,6 +14,7 @@ from backburner.errors import (
     ModelNotFoundError,
     ProviderAuthError,
     ProviderUnavailableError,
+    QuotaExhaustedError,
     RateLimitedError,
     Retry,
     StreamInterruptedError,
@@ -57,6 +58,7 @@ async def test_a_normal_stream_gives_the_text_and_the_reported_usage(fake: FakeO
     ("model", "error", "retryable", "status"),
     [
         ("ratelimit", RateLimitedError, True, 429),
+        ("quota", QuotaExhaustedError, False, 429),
         ("fail500", ProviderUnavailableError, True, 500),
         ("context", ContextLengthExceededError, False, 400),
         ("auth", ProviderAuthError, False, 401),

@@ -160,6 +160,13 @@ def test_retry_after_accepts_seconds_and_http_dates_and_refuses_junk() -> None:
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
     assert parse_retry_after("nan") is None
+    for odd in ("inf", "infinity", "1_0", "0x10", "1e3", "\uff11\uff12", "+5", "5 s"):
+        assert parse_retry_after(odd) is None, odd
+    assert parse_retry_after(" 5 ") == 5.0
+    day = 784111777.0  # 1994-11-06 08:49:37 GMT, RFC 9110's example, in each of its forms
+    for form in ("Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT"):
+        assert parse_retry_after(form, now=day - 30) == pytest.approx(30), form
+    assert parse_retry_after("Sun Nov  6 08:49:37 1994", now=day - 30) == pytest.approx(30)
     assert parse_retry_after("1000000000") == 3600.0  # a header cannot park a job for years
 
 
