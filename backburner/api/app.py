@@ -20,26 +20,32 @@ from ..settings import Settings
 from ..worker import Worker
 from .batches import BATCHES, batch_body_limit, build_batch_router
 from .errors import install_error_handlers
+from .events import EventHub
 from .limits import BodyLimitMiddleware, SingleQueryValuesMiddleware
 from .routes import Api, build_router
 
 log = logging.getLogger("backburner.api")
 
 
-class _SignalsToWorker:
-    """SIGINT and SIGTERM reach the embedded worker as they reach ``backburner worker``: the
-    first stops its claiming, a second hands its running jobs back at once. The server
-    (uvicorn) took the signals for itself, so the worker heard neither and ran out its whole
-    grace. The server's own handler hears the first signal only: a second would make uvicorn
-    skip the application's shutdown (where the worker winds down) and end in a traceback."""
+class _ShutdownSignals:
+    """SIGINT and SIGTERM, which the server (uvicorn) took for itself, also reach the app.
 
-    def __init__(self, worker: Worker) -> None:
+    Each closes this process's open event streams at once (their clients resume with
+    Last-Event-ID, from another API process or after the restart): otherwise they held the
+    server's shutdown until it cut them, with a traceback each. And they reach the embedded
+    worker, if any, as they reach ``backburner worker``: the first stops its claiming, a second
+    hands its running jobs back at once; the worker heard neither and ran out its whole grace.
+    The server's own handler hears the first signal only: a second would make uvicorn skip
+    the application's shutdown (where the worker winds down) and end in a traceback."""
+
+    def __init__(self, hub: EventHub, worker: Worker | None) -> None:
+        self.hub = hub
         self.worker = worker
         self.heard = 0
         self._loop = asyncio.get_running_loop()
         self._before: dict[int, Any] = {}
 
-    def __enter__(self) -> _SignalsToWorker:
+    def __enter__(self) -> _ShutdownSignals:
         if threading.current_thread() is threading.main_thread():  # (signals reach it only)
             for which in (signal.SIGINT, signal.SIGTERM):
                 self._before[which] = signal.signal(which, self._forward)
@@ -51,7 +57,9 @@ class _SignalsToWorker:
 
     def _forward(self, sig: int, frame: FrameType | None) -> None:
         self.heard += 1
-        self._loop.call_soon_threadsafe(self.worker.shutdown)
+        self._loop.call_soon_threadsafe(self.hub.drain)
+        if self.worker is not None:
+            self._loop.call_soon_threadsafe(self.worker.shutdown)
         handler = self._before[sig]
         if self.heard == 1 and callable(handler):
             handler(sig, frame)
@@ -63,16 +71,17 @@ def create_app(
     backburner: Backburner | None = None,
     run_worker: bool = False,
     worker_concurrency: int | None = None,
-    signals_to_worker: bool = False,
+    handle_signals: bool = False,
 ) -> FastAPI:
     """The HTTP API over ``backburner`` (default: the built-in tasks on settings.backend_url).
 
     With ``run_worker`` a worker runs in the same process (``backburner serve``). With
-    ``signals_to_worker`` too, SIGINT and SIGTERM reach that worker while the app runs (the
-    first stops its claiming, a second hands its jobs back): for a server of one process
-    that gets each signal once, as ``backburner serve`` runs uvicorn. Under ``uvicorn
-    --workers`` or ``--reload`` a Ctrl-C reaches each server process twice (the terminal's
-    SIGINT, then the supervisor's SIGTERM), which would count as a second signal.
+    ``handle_signals``, SIGINT and SIGTERM close the open event streams at once (clients
+    resume them) and reach that worker while the app runs (the first stops its claiming, a
+    second hands its jobs back): for a server of one process that gets each signal once, as
+    ``backburner serve`` and ``backburner api`` run uvicorn. Under ``uvicorn --workers`` or
+    ``--reload`` a Ctrl-C reaches each server process twice (the terminal's SIGINT, then the
+    supervisor's SIGTERM), which would count as a second signal.
     """
     settings = settings or (backburner.settings if backburner else Settings.from_env())
     bb = backburner or Backburner(settings=settings)
@@ -89,8 +98,8 @@ def create_app(
             worker_task = asyncio.create_task(worker.run())
         with contextlib.ExitStack() as signals:
             heard = None
-            if worker is not None and signals_to_worker:
-                heard = signals.enter_context(_SignalsToWorker(worker))
+            if handle_signals:
+                heard = signals.enter_context(_ShutdownSignals(api.hub, worker))
             try:
                 yield
             finally:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..aio import wait_set
 from ..backends import Backend
+from ..errors import BackendError
 from ..models import Event, is_terminal_event
 
 log = logging.getLogger("backburner.api.events")
@@ -46,6 +47,8 @@ class EventHub:
         stream stuck on a slow client cannot end."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.draining = False
+        """The server is shutting down: every stream ends at its next step (``drain``)."""
 
     @property
     def subscriptions(self) -> int:
@@ -72,6 +75,16 @@ class EventHub:
                 self._heads.pop(sub.task_id, None)
                 self._gone.discard(sub.task_id)
         self._changed.set()
+
+    def drain(self) -> None:
+        """End every open stream now and every new one at once: the server is shutting
+        down, and a stream would hold it up for as long as its job runs. Each client resumes
+        with Last-Event-ID (EventSource reconnects by itself), from another API process or
+        from this one restarted."""
+        self.draining = True
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.wake.set()
 
     async def close(self) -> None:
         """Stop the hub's task (on application shutdown)."""
@@ -109,8 +122,11 @@ class EventHub:
                 continue
             try:
                 grown = waiting.result()
-            except Exception:
-                log.exception("waiting for events failed; retrying")
+            except Exception as exc:
+                if isinstance(exc, BackendError):  # (a lost server: a trace at every retry)
+                    log.warning("waiting for events failed; retrying: %s", exc)
+                else:
+                    log.exception("waiting for events failed; retrying")
                 await asyncio.sleep(0.5)
                 for subs in self._subs.values():  # let every stream look for itself
                     for sub in subs:
@@ -156,37 +172,47 @@ async def _wait_past_the_log(
 async def event_stream(
     hub: EventHub, task_id: str, after: int, *, keepalive_s: float
 ) -> AsyncIterator[str]:
-    """The SSE body: stored events after ``after``, then live ones, until the terminal one."""
-    backend = hub.backend
+    """The SSE body: stored events after ``after``, then live ones, until the terminal one.
+
+    It also ends, early, when the server shuts down (``EventHub.drain``) or the backend fails
+    mid-stream: the client resumes from its Last-Event-ID, and then gets a proper answer."""
     sub = hub.subscribe(task_id, after)
-    wait_s, probed = keepalive_s, after == 0
     try:
         yield "retry: 1000\n\n"
-        while True:
-            sub.wake.clear()  # before reading, so an event that lands after the read wakes us
-            events = await backend.events(task_id, after=sub.after, limit=BATCH)
-            for event in events:
-                yield format_event(event)
-                sub.after = event.seq
-            if len(events) == BATCH:
-                continue
-            if events and is_terminal_event(events[-1]):
-                return
-            if not events:
-                status = await backend.job_status(task_id)  # (not the whole job: a batch's
-                if status is None:  # record is every request's input)
-                    return  # deleted (or expired) meanwhile
-                if status.is_terminal:
-                    # Its terminal event may have landed between our two reads: look again.
-                    if not await backend.events(task_id, after=sub.after, limit=1):
-                        return  # a resumed stream that has already seen the end
-                    continue
-                if not probed:
-                    probed = True
-                    wait_s = await _wait_past_the_log(backend, task_id, after, keepalive_s)
-            else:
-                wait_s, probed = keepalive_s, True  # (the log reaches it)
-            if not await wait_set(sub.wake, wait_s):
-                yield ": keep-alive\n\n"
+        async for chunk in _follow(hub, sub, keepalive_s):
+            yield chunk
+    except BackendError as exc:
+        log.warning("event stream of %s ended early: the backend failed: %s", task_id, exc)
     finally:
         hub.unsubscribe(sub)
+
+
+async def _follow(hub: EventHub, sub: Subscription, keepalive_s: float) -> AsyncIterator[str]:
+    backend, task_id, after = hub.backend, sub.task_id, sub.after
+    wait_s, probed = keepalive_s, after == 0
+    while not hub.draining:
+        sub.wake.clear()  # before reading, so an event that lands after the read wakes us
+        events = await backend.events(task_id, after=sub.after, limit=BATCH)
+        for event in events:
+            yield format_event(event)
+            sub.after = event.seq
+        if len(events) == BATCH:
+            continue
+        if events and is_terminal_event(events[-1]):
+            return
+        if not events:
+            status = await backend.job_status(task_id)  # (not the whole job: a batch's
+            if status is None:  # record is every request's input)
+                return  # deleted (or expired) meanwhile
+            if status.is_terminal:
+                # Its terminal event may have landed between our two reads: look again.
+                if not await backend.events(task_id, after=sub.after, limit=1):
+                    return  # a resumed stream that has already seen the end
+                continue
+            if not probed:
+                probed = True
+                wait_s = await _wait_past_the_log(backend, task_id, after, keepalive_s)
+        else:
+            wait_s, probed = keepalive_s, True  # (the log reaches it)
+        if not await wait_set(sub.wake, wait_s) and not hub.draining:
+            yield ": keep-alive\n\n"

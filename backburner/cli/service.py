@@ -195,11 +195,11 @@ def _serve_http(
         backburner=bb,
         run_worker=run_worker,
         worker_concurrency=settings.concurrency,
-        signals_to_worker=True,  # (uvicorn.run below: one process, which takes the signals)
+        handle_signals=True,  # (uvicorn.run below: one process, which takes the signals)
     )
     tune_gc()
-    # Open event streams would hold a shutdown for as long as their jobs run: after a few
-    # seconds they are closed, and their clients resume (Last-Event-ID) elsewhere.
+    # The app's signal handler closes open event streams at once (their clients resume with
+    # Last-Event-ID elsewhere); the grace is for requests that are not streams.
     uvicorn.run(
         app,
         host=settings.host,

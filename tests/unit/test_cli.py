@@ -212,6 +212,38 @@ def test_a_second_signal_to_serve_hands_running_jobs_back_at_once(
     assert [record.outcome for record in job.history] == ["released"]
 
 
+def test_a_signal_ends_open_event_streams_at_once_so_shutdown_is_clean(tmp_path: Path) -> None:
+    # uvicorn waited 5 s for them, then cut each with an ERROR traceback.
+    port, db = _free_port(), f"sqlite:///{tmp_path}/serve.db"
+    argv = [sys.executable, "-m", "backburner", "serve", "tests.workerapp:bb", "--port", str(port)]
+    env = {**os.environ, "BACKBURNER_BACKEND_URL": db, "BACKBURNER_SHUTDOWN_GRACE_S": "1"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    try:
+        _wait_until_serving(proc, port)
+        body = {"type": "sleepy", "input": {"seconds": 300}}
+        task_id = httpx.post(f"{base}/v1/tasks", json=body).json()["task_id"]
+        with httpx.stream("GET", f"{base}/v1/tasks/{task_id}/events", timeout=30) as stream:
+            for line in stream.iter_lines():
+                lines.append(line)
+                if line == "event: status" and len(lines) > 4:  # queued, then processing
+                    signalled = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+            ended = time.monotonic()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert ended - signalled < 3.0, lines  # not uvicorn's 5 s grace
+    assert "Traceback" not in stderr and "graceful shutdown exceeded" not in stderr, stderr
+    assert "id: 2" in lines, lines  # the client resumes from here
+    assert proc.returncode in (0, -signal.SIGTERM), stderr
+
+
 def test_webhook_secret_prints_a_new_secret_each_time() -> None:
     first, second = run("webhook-secret"), run("webhook-secret")
     assert first.returncode == 0 and first.stdout.startswith("whsec_")
