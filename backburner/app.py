@@ -32,7 +32,7 @@ from .providers.job_llm import LimitSettings
 from .providers.routing import ModelRouter
 from .settings import Settings
 from .tasks import Handler, TaskDefinition
-from .tenants import TenantPolicies
+from .tenants import PRIORITY_MAX, PRIORITY_MIN, TenantPolicies
 from .webhooks.ssrf import check_url
 from .worker.retry import RetryPolicy
 from .worker.sweeper import SweepReport, sweep_once
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
 H = TypeVar("H", bound=Handler)
 
-PRIORITY_MIN = -100
-PRIORITY_MAX = 100
 MAX_KEY_LENGTH = 255
 
 
@@ -306,8 +304,10 @@ class Backburner:
         payload = _json_object("input", input)
         definition.check_input(payload)
         meta = _json_object("metadata", metadata)
+        asked = priority is not None
         priority = self.priority_of(definition.priority if priority is None else priority)
         check_tenant(tenant)
+        priority = self.tenants.check_priority(tenant, priority, asked=asked)
         ttl_s = ttl if ttl is not None else (definition.ttl_s or self.settings.default_ttl_s)
         _positive("ttl", ttl_s, allow_none=False)
         if max_attempts is not None and not _is_count(max_attempts):

@@ -8,13 +8,15 @@ The config is a TOML (or JSON) file, or inline JSON::
     weight = 1                      # fair share of the workers within a priority
     max_prompt_chars = 100000       # (default: the service's max_prompt_chars)
     max_tokens = 4096               # (default: the service's max_tokens_limit)
+    max_priority = 0                # highest priority it may ask for (-100..100; default: 100)
 
     [tenants.acme]
     max_in_flight = 50
     weight = 3
 
-A limit set to ``0`` in a tenant's table means no limit. The tenant ``default`` (library calls
-and the keyless API) has no in-flight or rate limit unless it has a table of its own.
+A limit set to ``0`` in a tenant's table means no limit (but ``max_priority``, where 0 is a
+priority). The tenant ``default`` (library calls and the keyless API) has no in-flight, rate
+or priority limit unless it has a table of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .backends.base import DEFAULT_TENANT, Quota, check_tenant, fair_cost
 from .configfile import load_config
 from .errors import ConfigurationError, InvalidInputError
 
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
 DEFAULT_MAX_IN_FLIGHT = 5
 DEFAULT_SUBMISSIONS_PER_MINUTE = 600
 
@@ -42,6 +46,9 @@ class TenantPolicy:
     """Longest prompt of a generation (None: the service's ``max_prompt_chars``)."""
     max_tokens: int | None = None
     """Largest max_tokens of a generation (None: the service's ``max_tokens_limit``)."""
+    max_priority: int | None = None
+    """Highest priority its jobs may ask for (None: any, up to 100). Priority comes before
+    fair share, so a tenant free to pick 100 could go ahead of every other tenant's work."""
 
     fair_cost: int = field(init=False, repr=False, compare=False)
     """What one job of this tenant costs in fair scheduling (``fair_cost(weight)``), worked out
@@ -76,6 +83,14 @@ def _policy(where: str, raw: Any, base: TenantPolicy) -> TenantPolicy:
             except InvalidInputError as exc:
                 raise ConfigurationError(f"{where}.weight: {exc}") from None
             changes[key] = float(value)
+        elif key == "max_priority":  # (a priority: 0 is one, not "no limit")
+            number = isinstance(value, int) and not isinstance(value, bool)
+            if not number or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+                raise ConfigurationError(
+                    f"{where}.max_priority must be an integer from {PRIORITY_MIN} to"
+                    f" {PRIORITY_MAX}, got {value!r}"
+                )
+            changes[key] = value
         elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigurationError(f"{where}.{key} must be an integer >= 0, got {value!r}")
         else:
@@ -126,6 +141,19 @@ class TenantPolicies:
     def policy(self, tenant: str) -> TenantPolicy:
         return self._tenants.get(tenant, self.defaults)
 
+    def check_priority(self, tenant: str, priority: int, *, asked: bool) -> int:
+        """The priority a job of ``tenant`` gets: ``priority`` within the tenant's
+        ``max_priority``. One the caller ``asked`` for above it is refused
+        (InvalidInputError); a task's own default above it is lowered to it."""
+        cap = self.policy(tenant).max_priority
+        if cap is None or priority <= cap:
+            return priority
+        if asked:
+            raise InvalidInputError(
+                f"priority {priority} is above the highest this tenant may ask for ({cap})"
+            )
+        return cap
+
 
 def _no_limits() -> dict[str, Any]:
-    return {"max_in_flight": None, "submissions_per_minute": None}
+    return {"max_in_flight": None, "submissions_per_minute": None, "max_priority": None}

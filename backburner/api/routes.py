@@ -19,6 +19,7 @@ from ..models import Job, JobStatus, WebhookDelivery
 from ..observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..providers.base import generation_args
 from ..settings import Settings
+from ..tenants import PRIORITY_MAX
 from .auth import Caller, require_admin, scope
 from .errors import documented
 from .estimates import DurationEstimator, poll_after
@@ -474,6 +475,7 @@ def build_router(api: Api) -> APIRouter:
             weight=policy.weight,
             max_prompt_chars=api.generation_caps(caller.tenant)[0],
             max_tokens=api.generation_caps(caller.tenant)[1],
+            max_priority=PRIORITY_MAX if policy.max_priority is None else policy.max_priority,
             priority_classes=bb.priority_classes,
         )
 

@@ -196,6 +196,7 @@ class UsageView(BaseModel):
     weight: float = Field(description="Your fair share of the workers within a priority.")
     max_prompt_chars: int
     max_tokens: int
+    max_priority: int = Field(description="The highest priority you may ask for (100: any).")
     priority_classes: dict[str, int]
 
 

@@ -26,7 +26,8 @@ KEY_B = "bb_tenant-b-key-" + "b" * 30
 ADMIN = "bb_admin-key-" + "c" * 30
 TENANTS = (
     '{"defaults": {"max_in_flight": 50, "submissions_per_minute": 0},'
-    ' "tenants": {"tiny": {"max_in_flight": 2, "max_prompt_chars": 20, "max_tokens": 8},'
+    ' "tenants": {"tiny": {"max_in_flight": 2, "max_prompt_chars": 20, "max_tokens": 8,'
+    ' "max_priority": 0},'
     ' "slow": {"submissions_per_minute": 2}}}'
 )
 KEYED: dict[str, Any] = {
@@ -439,3 +440,27 @@ async def test_priority_classes_by_name(tmp_path: Path) -> None:
         assert "interactive" in assert_error(unknown, 422)["message"]
         usage = (await a.get("/v1/usage")).json()
         assert usage["priority_classes"] == {"interactive": 10, "default": 0, "batch": -10}
+        assert usage["max_priority"] == 100
+
+
+async def test_a_tenants_priority_cap_refuses_what_would_jump_the_other_tenants(
+    tmp_path: Path,
+) -> None:
+    # Priority comes before fair share: a tenant free to ask for 100 went ahead of everyone.
+    async with keyed(tmp_path, run_worker=False) as server, as_(server, TINY) as tiny:
+        assert (await tiny.get("/v1/usage")).json()["max_priority"] == 0
+        for route, body in [
+            ("/v1/tasks", {"type": "quick", "input": {}, "priority": "interactive"}),
+            ("/v1/tasks", {"type": "quick", "input": {}, "priority": 1}),
+            ("/v1/generate", {"prompt": "hi", "max_tokens": 3, "priority": 100}),
+            (
+                "/v1/batches",
+                {"requests": [{"custom_id": "a", "prompt": "hi", "max_tokens": 3}], "priority": 5},
+            ),
+        ]:
+            refused = await tiny.post(route, json=body)
+            message = assert_error(refused, 422, "invalid_input")["message"]
+            assert "above the highest this tenant may ask for (0)" in message, route
+        assert (await tiny.get("/v1/tasks")).json()["data"] == []  # nothing stored
+        fine = await submit(tiny, priority="batch")
+        assert (await tiny.get(f"/v1/tasks/{fine}")).json()["priority"] == -10

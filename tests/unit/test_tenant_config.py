@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from backburner import Settings
 from backburner.backends.base import Quota, fair_cost
 from backburner.cli.main import build_cli
-from backburner.errors import ConfigurationError
+from backburner.errors import ConfigurationError, InvalidInputError
 from backburner.keys import KeyRing, KeysFile, Principal, key_hash
 from backburner.tenants import TenantPolicies, TenantPolicy
 
@@ -43,6 +43,22 @@ def test_a_config_sets_defaults_and_tenants(tmp_path: Path) -> None:
     assert inline.policy("x").weight == 0.5
 
 
+def test_a_priority_cap_refuses_what_is_asked_and_lowers_a_tasks_default() -> None:
+    policies = TenantPolicies.from_source(
+        '{"defaults": {"max_priority": 0}, "tenants": {"vip": {"max_priority": 100},'
+        ' "low": {"max_priority": -20}}}'
+    )
+    assert policies.policy("acme").max_priority == 0  # (0 is a priority, not "no limit")
+    assert policies.check_priority("acme", 0, asked=True) == 0
+    assert policies.check_priority("acme", -5, asked=True) == -5
+    with pytest.raises(InvalidInputError, match=r"priority 10 is above .* \(0\)"):
+        policies.check_priority("acme", 10, asked=True)
+    assert policies.check_priority("acme", 10, asked=False) == 0  # a task's own default
+    assert policies.check_priority("vip", 100, asked=True) == 100
+    assert policies.check_priority("low", -10, asked=False) == -20
+    assert policies.policy("default").max_priority is None  # the library's: no table of its own
+
+
 @pytest.mark.parametrize(
     ("config", "complaint"),
     [
@@ -50,6 +66,8 @@ def test_a_config_sets_defaults_and_tenants(tmp_path: Path) -> None:
         ('{"defaults": {"max_in_flight": -1}}', "integer >= 0"),
         ('{"defaults": {"max_in_flight": true}}', "integer >= 0"),
         ('{"defaults": {"weight": 0}}', "weight"),
+        ('{"defaults": {"max_priority": 101}}', "from -100 to 100"),
+        ('{"defaults": {"max_priority": 1.5}}', "from -100 to 100"),
         ('{"tenants": {"bad name": {}}}', "tenant name"),
         ('{"tenants": {"acme": 5}}', "must be a table"),
         ('{"quotas": {}}', "unknown tables"),
