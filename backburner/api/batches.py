@@ -61,6 +61,17 @@ class BatchRefusedError(Exception):
         self.type = type
 
 
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON (``application/json``, ``application/*+json``, any
+    parameters), as FastAPI requires of every other body."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
 def _inline(model: type[BaseModel]) -> dict[str, Any]:
     """``model``'s JSON schema with its definitions inlined (no ``$ref``): the request body
     of a route that reads its body itself, for /openapi.json."""
@@ -228,6 +239,14 @@ class Batches:
         self, request: Request, caller: Principal, key: str | None
     ) -> tuple[Job, bool]:
         check_idempotency_key(request, key)
+        if not is_json_type(request.headers.get("content-type")):
+            # A browser sends text/plain, a form or a typeless blob to any site without asking
+            # (no CORS preflight): any page a user opened could have spent their models.
+            raise BatchRefusedError(
+                422,
+                "invalid_request",
+                "the body must be a JSON object (Content-Type: application/json)",
+            )
         try:
             raw = await request.body()
         except RouteBodyTooLargeError as exc:

@@ -25,6 +25,9 @@ from .conftest import batch_server, prompts, results, submit_batch, wait_batch
 COUNT_FIELDS = {"total", "queued", "processing", "completed", "failed", "cancelled"}
 
 
+JSON = {"content-type": "application/json"}
+
+
 async def test_a_thousand_prompts_complete_with_counts_and_jsonl_results(
     tmp_path: Path, db_url: str
 ) -> None:
@@ -198,7 +201,7 @@ async def test_a_malformed_batch_is_refused_with_one_error(
 async def test_a_body_that_is_not_json_is_a_400(tmp_path: Path) -> None:
     async with batch_server("asgi", tmp_path, run_worker=False) as server:
         for content in (b"", b"{not json", b"\xff\xfe", b"[" * 100_000):
-            answer = await server.client.post("/v1/batches", content=content)
+            answer = await server.client.post("/v1/batches", content=content, headers=JSON)
             assert_error(answer, 400, "invalid_json")
         deep: Any = "x"
         for _ in range(40):
@@ -207,6 +210,31 @@ async def test_a_body_that_is_not_json_is_a_400(tmp_path: Path) -> None:
             "/v1/batches", json={"requests": [GOOD], "metadata": deep}
         )
         assert "nests deeper" in assert_error(nested, 422, "invalid_input")["message"]
+
+
+async def test_a_body_a_browser_could_send_to_any_site_is_refused(tmp_path: Path) -> None:
+    # text/plain, a form and a typeless blob need no CORS preflight: without this, any page a
+    # user of a keyless local server opened could submit batches against their models.
+    body = json.dumps({"requests": [GOOD]}).encode()
+    async with batch_server("asgi", tmp_path, run_worker=False) as server:
+        for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+            answer = await server.client.post(
+                "/v1/batches", content=body, headers={"content-type": kind}
+            )
+            assert "Content-Type: application/json" in assert_error(answer, 422)["message"], kind
+        bare = httpx.Request("POST", "http://testserver/v1/batches", content=body)
+        assert "content-type" not in bare.headers
+        assert_error(await server.client.send(bare), 422, "invalid_request")
+        assert await server.task_ids() == []
+        for kind in (
+            "application/json; charset=utf-8",
+            "application/batch+json",
+            "Application/JSON",
+        ):
+            taken = await server.client.post(
+                "/v1/batches", content=body, headers={"content-type": kind}
+            )
+            assert taken.status_code == 202, (kind, taken.text)
 
 
 async def test_a_custom_id_used_twice_is_refused(tmp_path: Path) -> None:
