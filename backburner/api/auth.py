@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated
 
@@ -29,6 +30,7 @@ class BearerAuth(HTTPBearer):
     async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
         keys: KeyRing = request.app.state.keys
         if keys.open:
+            check_loopback_host(request)
             return KEYLESS
         header = request.headers.getlist("authorization")
         if not header:
@@ -42,6 +44,34 @@ class BearerAuth(HTTPBearer):
         if principal is None:
             raise AuthError("invalid API key")
         return principal
+
+
+def check_loopback_host(request: Request) -> None:
+    """A keyless server's caller is an admin: on a loopback address it answers only requests
+    that name a loopback host. A web page whose own name was made to resolve to 127.0.0.1
+    (DNS rebinding) would otherwise be that caller, and read every job's results."""
+    server = request.scope.get("server")
+    if not server or not _is_loopback_ip(str(server[0])):
+        return  # (served elsewhere on purpose: --insecure)
+    host = request.headers.get("host")
+    if host is None:
+        return  # (HTTP/1.0: no browser sends a request without Host)
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost") or _is_loopback_ip(name):
+        return
+    raise PermissionDeniedError(
+        f"this server has no API keys, so it answers only requests addressed to a loopback"
+        f" host (127.0.0.1, [::1], localhost), not to {host!r}: a page of that site could"
+        " otherwise use it (DNS rebinding). Set API keys to serve other names."
+    )
+
+
+def _is_loopback_ip(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
 
 
 Caller = Annotated[Principal, Depends(BearerAuth())]

@@ -154,6 +154,37 @@ async def test_without_keys_every_caller_is_the_default_tenant(tmp_path: Path) -
         assert (await client.get(f"/v1/tasks/{task_id}")).json()["tenant"] == "default"
 
 
+async def test_a_keyless_server_on_loopback_answers_only_loopback_host_names(
+    tmp_path: Path,
+) -> None:
+    # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 reaches the
+    # server with its own name in Host, and a keyless caller is an admin.
+    async with serve("live", tmp_path, run_worker=False) as server:
+        client, port = server.client, server.client.base_url.port
+        task_id = await submit(client)
+        for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.nip.io:{port}"):
+            refused = await client.get("/v1/tasks", headers={"Host": host})
+            assert "DNS rebinding" in assert_error(refused, 403, "forbidden")["message"]
+            sneaky = await client.post(
+                "/v1/tasks", json={"type": "quick", "input": {}}, headers={"Host": host}
+            )
+            assert_error(sneaky, 403, "forbidden")
+        for host in (
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+            "localhost",
+            f"app.localhost:{port}",
+        ):
+            listed = await client.get("/v1/tasks", headers={"Host": host})
+            assert [t["task_id"] for t in listed.json()["data"]] == [task_id], host
+        assert (await client.get("/healthz", headers={"Host": "evil.example"})).status_code == 200
+    (tmp_path / "keyed").mkdir()
+    async with serve("live", tmp_path / "keyed", run_worker=False, **KEYED) as server:
+        # (with keys the Host does not matter: a page cannot know or send the key)
+        headers = {"Host": "evil.example", "Authorization": f"Bearer {KEY_A}"}
+        assert (await server.client.get("/v1/tasks", headers=headers)).status_code == 200
+
+
 # -- isolation --------------------------------------------------------------------------------
 
 
