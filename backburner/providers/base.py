@@ -116,9 +116,12 @@ def generation_args(
     return chat, tuple(sequences)
 
 
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+def parse_retry_after(
+    value: str | None, *, now: float | None = None, longest: float = LONGEST_RETRY_AFTER_S
+) -> float | None:
     """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110,
-    any of its three date forms). Anything else (``inf``, ``1_0``, ``0x10``) is None."""
+    any of its three date forms), at most ``longest``. Anything else (``inf``, ``1_0``,
+    ``0x10``) is None."""
     if value is None:
         return None
     text = value.strip()
@@ -129,7 +132,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
         if when is None:
             return None
         seconds = when - (time.time() if now is None else now)
-    return min(LONGEST_RETRY_AFTER_S, max(0.0, seconds))
+    return min(longest, max(0.0, seconds))
 
 
 _DELAY_SECONDS = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")

@@ -58,6 +58,7 @@ class DeadLetterAlerts(Hooks):
         self.url = url
         self.secrets = (settings.webhook_secret or "").split()
         self.schedule = settings.retry_schedule()
+        self.timeout_s = settings.webhook_timeout_s
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.webhook_timeout_s),
             follow_redirects=False,
@@ -75,15 +76,30 @@ class DeadLetterAlerts(Hooks):
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, job: Job) -> None:
+        if not self.secrets:  # (unsigned, it could be forged: as for every webhook)
+            log.warning(
+                "dead-letter alert for job %s not sent: no webhook secret is configured"
+                " (BACKBURNER_WEBHOOK_SECRET)",
+                job.task_id,
+                extra={"task_id": job.task_id, "event": "alert_failed"},
+            )
+            return
         msg_id, body = new_msg_id(), alert_body(job).encode()
         for attempt, delay in enumerate(self.schedule, 1):
             await asyncio.sleep(delay * random.uniform(0.9, 1.1))
             try:
-                headers = sign(self.secrets, msg_id, int(time.time()), body) if self.secrets else {}
-                response = await self._client.post(self.url, content=body, headers=headers)
+                headers = sign(self.secrets, msg_id, int(time.time()), body)
+                request = self._client.build_request(
+                    "POST", self.url, content=body, headers=headers
+                )
+                async with asyncio.timeout(self.timeout_s):  # the whole attempt, not per read
+                    response = await self._client.send(request, stream=True)
+                    await response.aclose()  # (only its status matters: no body is read)
                 if 200 <= response.status_code < 300 or response.status_code == 410:
                     return
                 problem = f"HTTP {response.status_code}"
+            except TimeoutError:
+                problem = f"timed out after {self.timeout_s:g} s"
             except Exception as exc:  # retried on the schedule like any webhook
                 problem = f"{type(exc).__name__}: {exc}"
             log.warning(

@@ -10,13 +10,16 @@ are found by polling every ``POLL_S``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..aio import wait_all_or, wait_set
 from ..errors import BackburnerError, CorruptRecordError, UnsafeURLError
@@ -31,7 +34,7 @@ from ..models import (
     WebhookStatus,
 )
 from ..providers.base import parse_retry_after
-from .receivers import ReceiverBusyError, ReceiverPool
+from .receivers import PER_RECEIVER, ReceiverBusyError, ReceiverPool
 from .signing import sign
 from .ssrf import Resolver, check_url, pinned_request_args, resolve_safe
 
@@ -48,6 +51,9 @@ LONGEST_RETRY_AFTER_S = 86400.0
 MAX_RESPONSE_BYTES = 64 * 1024
 """How much of a receiver's answer is read (the rest is dropped with the connection)."""
 LEASE_MARGIN_S = 5.0
+HELD_PER_RECEIVER = 2 * PER_RECEIVER
+"""Messages to one receiver a dispatcher holds at once: its connections' worth sending, as
+many waiting for one. The rest of its due messages wait in the outbox."""
 
 
 def webhook_body(message: WebhookDelivery, job: Job | None) -> str:
@@ -107,6 +113,9 @@ class WebhookDispatcher:
         self._receivers = ReceiverPool(timeout_s=self.timeout_s, transport=transport)
         self._poke = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._held: Counter[tuple[str, str, int] | None] = Counter()
+        """Messages in flight per receiver (scheme, host, port), sending or waiting for one
+        of its connections."""
 
     def poke(self) -> None:
         """A message may be due now: look at once."""
@@ -134,9 +143,16 @@ class WebhookDispatcher:
                         await _pause(stopping, POLL_S)
                         continue
                     for message in messages:
+                        receiver = self._receiver_of(message)
+                        if self._held[receiver] >= HELD_PER_RECEIVER:
+                            # Its receiver has all it can take: the message is due again when
+                            # its lease ends, and a receiver that hangs holds at most this
+                            # many of the slots every other receiver's messages need.
+                            continue
+                        self._held[receiver] += 1
                         task = asyncio.create_task(self._deliver(message))
                         self._inflight.add(task)
-                        task.add_done_callback(self._done)
+                        task.add_done_callback(functools.partial(self._done, receiver))
                     if len(messages) == free:
                         continue  # there may be more due
                 self._poke.clear()
@@ -156,8 +172,19 @@ class WebhookDispatcher:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
                 await self._receivers.aclose()
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _receiver_of(self, message: WebhookDelivery) -> tuple[str, str, int] | None:
+        """The receiver a message goes to (None: its URL is refused, as its attempt says)."""
+        try:
+            target = check_url(message.url, allow=self.allow)
+        except UnsafeURLError:
+            return None
+        return (target.scheme, target.host, target.port)
+
+    def _done(self, receiver: tuple[str, str, int] | None, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
+        self._held[receiver] -= 1
+        if not self._held[receiver]:
+            del self._held[receiver]
         if len(self._inflight) == self.concurrency - 1:
             self._poke.set()  # it was full: room again
         if not task.cancelled() and task.exception() is not None:
@@ -205,7 +232,7 @@ class WebhookDispatcher:
                 "webhook %s of job %s to %s failed for good: %s",
                 message.msg_id,
                 message.task_id,
-                message.url,
+                receiver_name(message.url),  # (a URL's path and query may hold its token)
                 verdict.error,
                 extra={
                     "task_id": message.task_id,
@@ -242,7 +269,9 @@ class WebhookDispatcher:
                     response = await client.send(request, stream=True)
                     try:
                         status = response.status_code
-                        retry_after = parse_retry_after(response.headers.get("retry-after"))
+                        retry_after = parse_retry_after(
+                            response.headers.get("retry-after"), longest=LONGEST_RETRY_AFTER_S
+                        )
                         await _discard(response)
                     finally:
                         await response.aclose()
@@ -268,7 +297,8 @@ class WebhookDispatcher:
         unsafe: bool = False,
     ) -> Verdict:
         """Delivered (2xx), failed for good (410, an unsafe URL, the schedule ran out), or due
-        again: after Retry-After for 429 and 503, else the schedule's next delay, jittered."""
+        again: after the schedule's next delay, jittered, or a 429's or 503's Retry-After if
+        that is longer."""
         code = attempt.status_code
         if code is not None and 200 <= code < 300:
             return Verdict(WebhookStatus.DELIVERED, None, None)
@@ -277,13 +307,25 @@ class WebhookDispatcher:
         done = message.tries + 1  # this one included
         if done >= len(self.schedule):
             return Verdict(WebhookStatus.FAILED, None, f"{attempt.error} (after {done} attempts)")
+        delay = self.schedule[done] * random.uniform(0.9, 1.1)
         if code in (429, 503) and retry_after is not None:
-            delay = min(retry_after, LONGEST_RETRY_AFTER_S)
-        else:
-            delay = self.schedule[done] * random.uniform(0.9, 1.1)
+            # Never sooner than the schedule: a receiver that answers "Retry-After: 0" under
+            # load would see every attempt in a few seconds, and the message failed for good.
+            delay = max(delay, retry_after)
         # From the end of the attempt: Retry-After counts from the answer.
         answered = attempt.at + (attempt.latency_ms or 0.0) / 1000
         return Verdict(WebhookStatus.PENDING, answered + delay, attempt.error)
+
+
+def receiver_name(url: str) -> str:
+    """A webhook URL without what may be secret in it (Slack's and others' tokens are in the
+    path, many in the query): its scheme, host and port."""
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or '?'}{port}"
 
 
 class _NotSentError(Exception):

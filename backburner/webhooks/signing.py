@@ -72,8 +72,10 @@ def verify(
 
     ``headers`` is any mapping (a dict, httpx or Starlette ``Headers``); names match
     case-insensitively. ``body`` is the raw body as received (a str is UTF-8 encoded).
-    Several secrets may be given during a rotation: any one matching ``v1`` signature
-    suffices; other versions (``v1a``, ...) are ignored. ``now`` defaults to ``time.time()``.
+    Several secrets may be given during a rotation (a list, or one string with them
+    space-separated, as ``BACKBURNER_WEBHOOK_SECRET`` holds them): any one matching ``v1``
+    signature suffices; other versions (``v1a``, ...) are ignored. ``now`` defaults to
+    ``time.time()``.
 
     Raises ``WebhookVerificationError`` naming the failed check (missing header, timestamp
     not an integer, too old, in the future, no matching signature), and
@@ -131,8 +133,8 @@ def check_secrets(secrets: str | Sequence[str]) -> None:
 
 
 def _keys(secrets: str | Sequence[str]) -> list[bytes]:
-    if isinstance(secrets, str):
-        return [_key(secrets)]
+    if isinstance(secrets, str):  # (one, or several space-separated: the setting's form)
+        secrets = secrets.split() or [secrets]
     keys = [_key(secret) for secret in secrets]
     if not keys:
         raise ConfigurationError("no webhook secret given (an empty list)")

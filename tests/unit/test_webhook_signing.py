@@ -186,6 +186,9 @@ def test_rotation_signs_with_each_secret_in_order() -> None:
 def test_accepts_when_second_of_two_secrets_matches() -> None:
     assert verify([OTHER, SECRET], headers(SECRET), BODY, now=TS) == TS
     assert verify((SECRET, OTHER), headers(OTHER), BODY, now=TS) == TS
+    # As the setting holds them during a rotation: one string, space-separated.
+    assert verify(f"{OTHER} {SECRET}", headers(SECRET), BODY, now=TS) == TS
+    assert verify(f" {SECRET}  {OTHER}\n", headers(OTHER), BODY, now=TS) == TS
 
 
 def test_accepts_mixed_case_header_names() -> None:

@@ -125,16 +125,21 @@ async def test_410_gone_stops_at_once(hooks: Receiver, make: Any) -> None:
     assert len(hooks.state.at("/gone")) == 1
 
 
-async def test_the_schedule_runs_out_and_the_message_fails(hooks: Receiver, make: Any) -> None:
+async def test_the_schedule_runs_out_and_the_message_fails(
+    hooks: Receiver, make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     hooks.state.plan("/down", *[Answer(503)] * 10)
     bb = await make(webhook_retry_schedule="0,0.1,0.1")
     async with running_worker(bb):
-        job = await bb.enqueue("echo", webhook_url=hooks.url("/down"))
+        job = await bb.enqueue("echo", webhook_url=hooks.url("/down?token=s3cret"))
         await delivered(bb, job.task_id)
     (message,) = await bb.webhooks(job.task_id)
     assert message.status is WebhookStatus.FAILED
     assert [a.status_code for a in message.attempts] == [503, 503, 503]
     assert len(hooks.state.at("/down")) == 3
+    # The log names the receiver, not the URL's path and query, where tokens go.
+    assert f"to http://127.0.0.1:{hooks.port} failed for good" in caplog.text
+    assert "s3cret" not in caplog.text and "/down" not in caplog.text
 
 
 async def test_a_redirect_is_not_followed(hooks: Receiver, make: Any) -> None:
@@ -377,3 +382,60 @@ async def test_a_worker_cancelled_while_its_deliveries_drain_cuts_them_short(
         hold.set()
     (message,) = await bb.webhooks(job.task_id)
     assert message.status is WebhookStatus.PENDING and message.attempts == []
+
+
+async def test_a_receiver_that_hangs_does_not_hold_up_the_others(
+    hooks: Receiver, make: Any
+) -> None:
+    # Each message to it held a dispatcher slot while it waited for one of its connections:
+    # a flood to one dead receiver delayed every other receiver's webhooks by 27-57 s.
+    hang = threading.Event()
+    hooks.state.plan("/hang", *[Answer(204, hold=hang) for _ in range(60)])
+    bb = await make(webhook_timeout_s=6.0, webhook_concurrency=20)
+    try:
+        with receiver() as healthy:
+            async with running_worker(bb, concurrency=20):
+                for _ in range(60):
+                    await bb.enqueue("echo", webhook_url=hooks.url("/hang"))
+                await asyncio.to_thread(hooks.state.wait_for, "/hang", 8)  # its connections
+                sent = asyncio.get_running_loop().time()
+                job = await bb.enqueue("echo", webhook_url=healthy.url("/ok"))
+                (got,) = await asyncio.to_thread(healthy.state.wait_for, "/ok", 1)
+                waited = asyncio.get_running_loop().time() - sent
+                assert json.loads(got.body)["task_id"] == job.task_id
+                assert waited < 3.0, waited  # not the 6 s of a slot's wait for a connection
+                assert len(hooks.state.at("/hang")) == 8  # never more than its connections
+                hang.set()
+    finally:
+        hang.set()
+
+
+async def test_an_alert_is_not_sent_unsigned_and_an_attempt_is_bounded_as_a_whole(
+    hooks: Receiver, make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    unsigned = await make(admin_webhook_url=hooks.url("/plain"), webhook_secret=None)
+    async with running_worker(unsigned):
+        failed = await unsigned.enqueue("broken")
+        await unsigned.wait(failed.task_id, timeout=30)
+        await eventually(lambda: "no webhook secret" in caplog.text, message="the alert's warning")
+    assert hooks.state.at("/plain") == []  # as for job webhooks: unsigned could be forged
+    # A receiver that answers 200 and then sends a byte every 0.2 s kept one attempt open
+    # for good (its body was read to the end): only the status matters.
+    silent = threading.Event()
+    hooks.state.plan("/drip", Answer(200, body="trickle"), Answer(204, hold=silent))
+    bb = await make(admin_webhook_url=hooks.url("/drip"), webhook_timeout_s=1.0)
+    async with running_worker(bb):
+        dead = await bb.wait((await bb.enqueue("broken")).task_id, timeout=30)
+        await asyncio.to_thread(hooks.state.wait_for, "/drip", 1)
+        (sender,) = [h for h in bb.hooks.hooks if isinstance(h, DeadLetterAlerts)]
+        await eventually(lambda: not sender._sending, message="the alert sent")
+    assert "dropped: the worker stopped" not in caplog.text
+    # One that never answers at all is cut at webhook_timeout_s, and tried again.
+    alerts = DeadLetterAlerts(bb, hooks.url("/drip"))
+    await alerts.on_fail(dead)
+    try:
+        await asyncio.to_thread(hooks.state.wait_for, "/drip", 3, 15)
+    finally:
+        silent.set()
+    await alerts.aclose(0.0)
+    assert "timed out after 1 s" in caplog.text

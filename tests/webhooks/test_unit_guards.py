@@ -6,6 +6,10 @@ import pytest
 
 from backburner import Backburner, Settings
 from backburner.errors import ConfigurationError, UnsafeURLError
+from backburner.models import WebhookAttempt, WebhookDelivery, WebhookStatus
+from backburner.providers.base import parse_retry_after
+from backburner.webhooks import generate_secret
+from backburner.webhooks.dispatcher import LONGEST_RETRY_AFTER_S, WebhookDispatcher
 
 
 @pytest.mark.parametrize("secret", ["whsec_nope!", "whsec_" + "A" * 8, "not base64 at all %%"])
@@ -44,3 +48,33 @@ async def test_a_job_with_a_webhook_is_kept_until_its_last_retry() -> None:
     assert job.ttl_s == pytest.approx(200 * 1.1 + 3600)
     plain = await bb.enqueue("noop", ttl=10)
     assert plain.ttl_s == 10
+
+
+@pytest.mark.parametrize(
+    ("header", "at_least", "at_most"),
+    [
+        ("0", 270.0, 330.0),  # the schedule's 300 s (±10%): "0" does not burn the schedule
+        ("7200", 7200.0, 7200.0),  # two hours, as asked (a provider's cap is one hour)
+        ("999999", 86400.0, 86400.0),  # at most a day
+    ],
+)
+def test_retry_after_is_waited_for_but_never_less_than_the_schedule(
+    header: str, at_least: float, at_most: float
+) -> None:
+    settings = Settings(webhook_secret=generate_secret(), webhook_retry_schedule="0,5,300,1800")
+    dispatcher = WebhookDispatcher(Backburner(settings=settings))
+    message = WebhookDelivery(
+        msg_id="msg_1",
+        task_id="task_1",
+        event="task.completed",
+        url="https://example.com/h",
+        status=WebhookStatus.PENDING,
+        created_at=0.0,
+        next_at=0.0,
+        tries=1,
+    )
+    attempt = WebhookAttempt(at=1000.0, status_code=503, latency_ms=0.0, error="HTTP 503")
+    wait = parse_retry_after(header, longest=LONGEST_RETRY_AFTER_S)
+    verdict = dispatcher.verdict(message, attempt, wait)
+    assert verdict.status is WebhookStatus.PENDING and verdict.next_at is not None
+    assert at_least <= verdict.next_at - 1000.0 <= at_most
