@@ -555,7 +555,9 @@ class Backburner:
         await self.connect()
         if tenant is not None:
             await self.get(task_id, tenant=tenant)
-        message = await self.backend.redeliver_webhook(task_id, now=self.clock.now())
+        now = self.clock.now()  # (the schedule starts again: the job stays until its end)
+        keep_until = now + self.settings.webhook_retention_s()
+        message = await self.backend.redeliver_webhook(task_id, now=now, keep_until=keep_until)
         self.poke_webhooks()
         return message
 

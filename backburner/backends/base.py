@@ -551,11 +551,15 @@ class Backend(Protocol):
         JobNotFoundError if the job does not exist."""
         ...
 
-    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
+    async def redeliver_webhook(
+        self, task_id: str, *, now: float, keep_until: float | None = None
+    ) -> WebhookDelivery:
         """Make the job's latest message pending again, due now (same msg_id and body; the
         log is kept; ``claim`` grows, so an attempt in flight is not recorded; ``tries``
-        starts again). JobNotFoundError if no such job; InvalidTransitionError if it has no
-        message yet (no webhook_url, or not terminal and no progress message)."""
+        starts again), and keep a terminal job (and so the message) at least until
+        ``keep_until``, its new schedule's end. JobNotFoundError if no such job;
+        InvalidTransitionError if it has no message yet (no webhook_url, or not terminal and
+        no progress message)."""
         ...
 
     async def expired_leases(self, *, now: float, limit: int) -> list[Job]:

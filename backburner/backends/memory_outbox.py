@@ -178,7 +178,14 @@ class MemoryWebhooks:
             raise JobNotFoundError(task_id)
         return self._outbox.of_task(task_id)
 
-    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
-        if task_id not in self._jobs:
+    async def redeliver_webhook(
+        self, task_id: str, *, now: float, keep_until: float | None = None
+    ) -> WebhookDelivery:
+        stored = self._jobs.get(task_id)
+        if stored is None:
             raise JobNotFoundError(task_id)
-        return self._outbox.redeliver(task_id, now)
+        message = self._outbox.redeliver(task_id, now)
+        expires = stored.job.expires_at
+        if keep_until is not None and expires is not None and expires < keep_until:
+            stored.job = stored.job.model_copy(update={"expires_at": keep_until})
+        return message

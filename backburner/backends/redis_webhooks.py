@@ -130,8 +130,11 @@ class RedisWebhookOutbox:
             raise JobNotFoundError(task_id)
         return decode_webhooks(reply[1:])
 
-    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
-        reply = await self._run("redeliver_webhook", task_id, number(now))
+    async def redeliver_webhook(
+        self, task_id: str, *, now: float, keep_until: float | None = None
+    ) -> WebhookDelivery:
+        keep = "" if keep_until is None else number(keep_until)
+        reply = await self._run("redeliver_webhook", task_id, number(now), keep)
         if reply[0] == b"missing":
             raise JobNotFoundError(task_id)
         if reply[0] == b"none":

@@ -141,7 +141,9 @@ class SQLiteWebhooks:
 
         return await self._executor.run(op, write=False)
 
-    async def redeliver_webhook(self, task_id: str, *, now: float) -> WebhookDelivery:
+    async def redeliver_webhook(
+        self, task_id: str, *, now: float, keep_until: float | None = None
+    ) -> WebhookDelivery:
         def op(conn: sqlite3.Connection) -> WebhookDelivery:
             if conn.execute("SELECT 1 FROM jobs WHERE task_id = ?", (task_id,)).fetchone() is None:
                 raise JobNotFoundError(task_id)
@@ -155,6 +157,12 @@ class SQLiteWebhooks:
             ).fetchone()
             if row is None:
                 raise InvalidTransitionError(f"job {task_id} has no webhook message to redeliver")
+            if keep_until is not None:  # (a job still running has no expires_at yet)
+                conn.execute(
+                    "UPDATE jobs SET expires_at = :keep WHERE task_id = :task_id"
+                    " AND expires_at IS NOT NULL AND expires_at < :keep",
+                    {"keep": keep_until, "task_id": task_id},
+                )
             return _delivery(row)
 
         return await self._executor.run(op)

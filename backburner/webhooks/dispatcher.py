@@ -282,6 +282,8 @@ class WebhookDispatcher:
             error, unsafe = f"refused: {exc}", True
         except TimeoutError:
             error = f"timed out after {self.timeout_s:g} s"
+        except _NotSentError as exc:
+            error = str(exc)
         except Exception as exc:  # any failure is a failed attempt, logged and retried
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         latency_ms = round((time.monotonic() - started) * 1000, 2)

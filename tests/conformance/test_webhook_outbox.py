@@ -177,6 +177,27 @@ async def test_a_failed_message_can_be_redelivered_with_the_same_id_and_body(
     assert due.msg_id == message.msg_id
 
 
+async def test_a_redelivered_message_keeps_its_job_until_its_new_schedule_ends(
+    backend: Backend,
+) -> None:
+    # The job expired on its first schedule's retention, taking the message being retried.
+    task_id, fence = await running(backend)
+    await backend.finish(task_id, fence, Complete(result=None), now=T0 + 1)
+    expires = (await backend.get(task_id)).expires_at
+    assert expires is not None
+    await backend.redeliver_webhook(task_id, now=T0 + 2, keep_until=expires - 10)
+    assert (await backend.get(task_id)).expires_at == expires  # never shortened
+    keep = expires + 100_000.0
+    await backend.redeliver_webhook(task_id, now=expires - 5, keep_until=keep)
+    assert (await backend.get(task_id)).expires_at == keep
+    assert await backend.purge_expired(now=expires + 50_000, limit=10) == 0
+    (message,) = await backend.webhook_deliveries(task_id)
+    assert message.status is WebhookStatus.PENDING
+    assert await backend.purge_expired(now=keep + 1, limit=10) == 1
+    with pytest.raises(JobNotFoundError):
+        await backend.webhook_deliveries(task_id)
+
+
 async def test_redeliver_refuses_jobs_without_a_message(backend: Backend) -> None:
     with pytest.raises(JobNotFoundError):
         await backend.redeliver_webhook("task_" + "0" * 32, now=T0)

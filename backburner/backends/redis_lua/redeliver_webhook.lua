@@ -1,6 +1,8 @@
--- ARGV: P, id, now. The job's latest message becomes pending, due now (id, body and log kept);
--- its claim grows, so an attempt still in flight is not recorded, and its tries start again.
-local id, now = ARGV[2], ARGV[3]
+-- ARGV: P, id, now, keep_until|''. The job's latest message becomes pending, due now (id, body
+-- and log kept); its claim grows, so an attempt still in flight is not recorded, and its tries
+-- start again. A terminal job that would expire before keep_until (its new schedule's end) is
+-- kept until then, and its messages with it.
+local id, now, keep = ARGV[2], ARGV[3], tonumber(ARGV[4])
 if redis.call('EXISTS', jkey(id)) == 0 then return {'missing'} end
 local msg = redis.call('LINDEX', whjob(id), -1)
 if not msg or redis.call('EXISTS', whk(msg)) == 0 then return {'none'} end
@@ -9,4 +11,11 @@ redis.call('HINCRBY', whk(msg), 'claim', 1)
 redis.call('ZADD', WH_DUE, now, msg)
 redis.call('ZREM', WH_DELIVERED, msg)
 redis.call('ZREM', WH_FAILED, msg)
+local expires = tonumber(redis.call('HGET', jkey(id), 'expires_at'))
+if keep and expires and expires < keep then
+  local text = num(keep)
+  redis.call('HSET', jkey(id), 'expires_at', text)
+  local ik = redis.call('HGET', jkey(id), '_ik')
+  expire_webhooks(id, make_terminal(id, ik, keep, now, text))
+end
 return {'ok', read_webhook(msg)}
