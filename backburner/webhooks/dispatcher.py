@@ -36,7 +36,7 @@ from ..models import (
 from ..providers.base import parse_retry_after
 from .receivers import PER_RECEIVER, ReceiverBusyError, ReceiverPool
 from .signing import sign
-from .ssrf import Resolver, check_url, pinned_request_args, resolve_safe
+from .ssrf import ParsedTarget, Resolver, check_url, pinned_request_args, resolve_all_safe
 
 if TYPE_CHECKING:
     import httpx
@@ -259,14 +259,9 @@ class WebhookDispatcher:
                 started = time.monotonic()
                 at = self.app.clock.now()
                 async with asyncio.timeout(self.timeout_s):  # the whole attempt, not per read
-                    ip = await resolve_safe(target, resolver=self._resolver, allow=self.allow)
-                    url, headers, extensions = pinned_request_args(target, ip)
+                    ips = await resolve_all_safe(target, resolver=self._resolver, allow=self.allow)
                     signed = sign(self.secrets, message.msg_id, int(time.time()), body.encode())
-                    headers.update(signed)
-                    request = client.build_request(
-                        "POST", url, content=body.encode(), headers=headers, extensions=extensions
-                    )
-                    response = await client.send(request, stream=True)
+                    response = await _post_to_first_reachable(client, target, ips, body, signed)
                     try:
                         status = response.status_code
                         retry_after = parse_retry_after(
@@ -349,6 +344,32 @@ class _PokeOnEnd(Hooks):
     async def on_cancel(self, job: Job) -> None:
         if job.webhook_url is not None:
             self._dispatcher.poke()
+
+
+async def _post_to_first_reachable(
+    client: httpx.AsyncClient,
+    target: ParsedTarget,
+    ips: Sequence[str],
+    body: str,
+    signed: dict[str, str],
+) -> httpx.Response:
+    """POST to the receiver at the first of its addresses that takes a connection: a name
+    with an IPv6 address this host cannot reach, and an IPv4 one it can, still gets its
+    webhooks (only a refused or failed connect moves on: nothing was sent)."""
+    import httpx
+
+    for index, ip in enumerate(ips):
+        url, headers, extensions = pinned_request_args(target, ip)
+        headers.update(signed)
+        request = client.build_request(
+            "POST", url, content=body.encode(), headers=headers, extensions=extensions
+        )
+        try:
+            return await client.send(request, stream=True)
+        except httpx.ConnectError:
+            if index == len(ips) - 1:
+                raise
+    raise AssertionError("no address to send to")  # pragma: no cover (resolve gives one)
 
 
 async def _discard(response: httpx.Response) -> None:

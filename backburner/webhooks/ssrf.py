@@ -153,7 +153,15 @@ def check_url(url: str, *, allow: Collection[str] = ()) -> ParsedTarget:
 async def resolve_safe(
     target: ParsedTarget, *, resolver: Resolver | None = None, allow: Collection[str] = ()
 ) -> str:
-    """Resolve ``target.host`` and return its first address, if every address is safe.
+    """The first of ``resolve_all_safe``'s addresses."""
+    return (await resolve_all_safe(target, resolver=resolver, allow=allow))[0]
+
+
+async def resolve_all_safe(
+    target: ParsedTarget, *, resolver: Resolver | None = None, allow: Collection[str] = ()
+) -> list[str]:
+    """Resolve ``target.host`` and return its addresses in the resolver's order (the one
+    to try first, first), if every address is safe.
 
     Raises ``UnsafeURLError`` if any address is unsafe (one private A record among public
     ones is enough); a failed lookup raises ``socket.gaierror`` (retry it as a connection
@@ -178,7 +186,7 @@ async def resolve_safe(
             if target.ip is not None:
                 raise UnsafeURLError(f"webhook_url host {target.host} is {reason}")
             raise UnsafeURLError(f"webhook_url host {target.host} resolves to {ip}, {reason}")
-    return str(addresses[0])
+    return [str(ip) for ip in addresses]
 
 
 def pinned_request_args(
@@ -326,5 +334,8 @@ class _AllowList:
 
 
 async def _getaddrinfo(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    # (AI_ADDRCONFIG: no IPv6 answers on a host with no IPv6 address, as in most containers)
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG
+    )
     return list(dict.fromkeys(str(info[4][0]) for info in infos))

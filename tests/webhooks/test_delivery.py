@@ -224,6 +224,35 @@ async def test_a_name_resolving_to_a_private_address_is_refused_when_it_connects
     assert verdict.status is WebhookStatus.FAILED
 
 
+async def test_an_address_that_refuses_the_connection_gives_way_to_the_next(
+    hooks: Receiver, make: Any
+) -> None:
+    from backburner.webhooks.dispatcher import WebhookDispatcher
+
+    bb = await make(webhook_allow_hosts="127.0.0.0/8,hooks.example.test")
+    job = await bb.enqueue("echo", webhook_url=f"http://hooks.example.test:{hooks.port}/both")
+
+    async def dual_stack(host: str, port: int) -> list[str]:
+        # The first is refused (nothing listens there), as an IPv6 address this host cannot
+        # reach is: only the first address was ever tried, and every attempt failed.
+        return ["127.0.0.2", "127.0.0.1"]
+
+    dispatcher = WebhookDispatcher(bb, resolver=dual_stack)
+    async with running_worker(bb):
+        await bb.cancel(job.task_id)
+    (message,) = await bb.webhooks(job.task_id)
+    try:
+        result = await dispatcher.attempt(message, "{}")
+    finally:
+        await dispatcher._receivers.aclose()
+    assert result is not None
+    attempt, verdict = result
+    assert (attempt.status_code, attempt.error) == (204, None)
+    assert verdict.status is WebhookStatus.DELIVERED
+    (got,) = hooks.state.at("/both")
+    assert got.headers["host"] == f"hooks.example.test:{hooks.port}"
+
+
 async def test_a_job_that_opts_in_also_sends_its_progress(hooks: Receiver, make: Any) -> None:
     bb = await make()
     gate = asyncio.Event()
