@@ -60,6 +60,19 @@ _HTTP_TYPES = {
 }
 
 
+def _unavailable(method: str) -> str:
+    """A 503's message: what the backend said (its address, a database's own words) is in the
+    server's log, not for every caller. A write may have taken effect all the same: its reply
+    can be what was lost."""
+    message = "the backend is unavailable; try again after Retry-After"
+    if method in ("POST", "PUT", "PATCH", "DELETE"):
+        message += (
+            " (the request may have taken effect: repeat it with the same Idempotency-Key,"
+            " or look before you repeat it)"
+        )
+    return message
+
+
 def error_response(
     status: int, type: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -109,7 +122,10 @@ def install_error_handlers(app: FastAPI, routes: Sequence[BaseRoute]) -> None:
                     headers = {"WWW-Authenticate": 'Bearer realm="backburner"'}
                 if status >= 500:
                     log.warning("%s %s: %s", request.method, request.url.path, exc)
-                return error_response(status, type_, str(exc), headers)
+                message = str(exc)
+                if status == 503:
+                    message = _unavailable(request.method)
+                return error_response(status, type_, message, headers)
         log.error("%s %s: unexpected %r", request.method, request.url.path, exc)
         return error_response(500, "internal_error", "internal error")
 

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from backburner.errors import BackendError
+
 from .conftest import Server, assert_error, serve
 
 TASKS = "/v1/tasks"
@@ -374,3 +376,25 @@ async def test_a_query_parameter_given_twice_is_refused(tmp_path: Path) -> None:
         body = assert_error(answer, 422, "invalid_request")
         assert "'limit'" in body["message"]
         assert (await server.client.get("/v1/tasks", params={"limit": "5"})).status_code == 200
+
+
+async def test_a_503_names_no_backend_detail_and_says_a_write_may_have_taken_effect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with serve("asgi", tmp_path, run_worker=False) as server:
+        backend = server.app.state.api.bb.backend
+        secret = "Redis at 10.1.2.3:6390: Error 111 connecting; NOPERM for user app"
+
+        async def down(*args: Any, **kwargs: Any) -> Any:
+            raise BackendError(secret)
+
+        monkeypatch.setattr(backend, "enqueue", down)
+        monkeypatch.setattr(backend, "list_jobs", down)
+        written = await server.client.post("/v1/tasks", json={"type": "quick", "input": {}})
+        message = assert_error(written, 503, "backend_unavailable")["message"]
+        assert "10.1.2.3" not in message and "NOPERM" not in message
+        assert "may have taken effect" in message and "Idempotency-Key" in message
+        assert written.headers["Retry-After"] == "5"
+        read = await server.client.get("/v1/tasks")
+        message = assert_error(read, 503, "backend_unavailable")["message"]
+        assert "10.1.2.3" not in message and "taken effect" not in message
