@@ -183,10 +183,11 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
-            layout, _, _ = await asyncio.gather(
+            layout, _, _, _ = await asyncio.gather(
                 self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
                 self._load_code(self._link),
                 self._eviction.check(self._link),
+                self._check_channels(self._link),
             )
             if not check_layout(layout, where):
                 # A new store, or one of an earlier layout: returns once up to date.
@@ -310,6 +311,23 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         for reader in (self._wake, self._watcher):
             if reader is not None:
                 await reader.reconnect()
+
+    async def _check_channels(self, link: RedisLink) -> None:
+        """Refuse, at connect, a user that may not use the prefix's channels: the scripts
+        publish their wake-ups and hand-offs after their writes, so each enqueue was stored
+        and then failed (a 503 for a job that ran), and no worker was woken. (Redis 7 gives a
+        new ACL user no channels: acl-pubsub-default resetchannels.)"""
+        for channel in (self._p + "wake", self._p + "hand:-"):  # ("-": no worker's inbox)
+            try:
+                await link.call("PUBLISH", channel, "")
+            except BackendError as exc:
+                if "NOPERM" not in str(exc):
+                    raise
+                raise BackendError(
+                    f"Redis at {self._where}: this user may not publish to the channel"
+                    f" {channel!r}. backburner needs the channels under its prefix as well as"
+                    f" its keys: ACL SETUSER <user> &{self._p}* (or allchannels)."
+                ) from None
 
     async def _load_code(self, link: RedisLink) -> None:
         """Load the library (and call its functions from now on) or, failing that, the

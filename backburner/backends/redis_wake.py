@@ -145,6 +145,9 @@ class WakeChannel:
             try:
                 parser.feed(data)
                 while (message := parser.gets()) is not False:
+                    if isinstance(message, Exception):  # SUBSCRIBE refused (an ACL): retry
+                        stopped(message)
+                        return
                     try:
                         self._message(*message)
                     except Exception:  # a bug must neither end the session nor go unseen
