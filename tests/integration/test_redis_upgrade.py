@@ -428,10 +428,13 @@ async def test_a_second_connect_reads_one_key_and_changes_nothing(
     await second.connect()
     await second.connect()  # connected already: nothing at all
     await second.close()
-    # (and INFO memory, which reads no key: the eviction policy, redis_eviction)
+    # (and INFO memory, which reads no key: the eviction policy, redis_eviction; and two
+    # empty PUBLISHes, which write none: whether the user may use the prefix's channels)
     assert [args for args in sent if args[0] not in ("SCRIPT", "FUNCTION")] == [
         ("GET", "{" + prefix + "}:layout"),
         ("INFO", "memory"),
+        ("PUBLISH", "{" + prefix + "}:wake", ""),
+        ("PUBLISH", "{" + prefix + "}:hand:-", ""),
     ]
     assert await dump(client, prefix) == before
 
