@@ -55,15 +55,19 @@ COLOURS = {
 
 
 def out() -> Console:
+    """The console for results. It reads no markup: what it prints holds users' data (a
+    prompt with ``[/INST]`` in it), which markup altered or choked on. A line that wants a
+    style asks for ``markup=True`` and escapes what it quotes."""
     from rich.console import Console
 
-    return Console()
+    return Console(markup=False)
 
 
 def err() -> Console:
+    """The console for messages, with no markup either (see ``out``)."""
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, markup=False)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -71,7 +75,9 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     message is text, not markup: one that quotes ``[user]`` or ``[::1]`` prints as it is."""
     from rich.markup import escape
 
-    err().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err().print(
+        f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, markup=True
+    )
     return typer.Exit(code)
 
 
@@ -187,9 +193,12 @@ def load_app(path: str | None, settings: Settings, backend: str | None = None) -
 
 def job_table(jobs: list[Any]) -> Table:
     """A table of jobs (library Jobs or API task views: the same field names)."""
-    from rich.table import Table
+    from rich.table import Column, Table
+    from rich.text import Text
 
-    table = Table("task_id", "type", "status", "attempts", "progress", "result / error")
+    # (an id is for copying: never cut to "task_ad64…", however narrow the terminal)
+    task_id = Column("task_id", no_wrap=True, min_width=37)
+    table = Table(task_id, "type", "status", "attempts", "progress", "result / error")
     for job in jobs:
         outcome = ""
         if job.error is not None:
@@ -200,7 +209,7 @@ def job_table(jobs: list[Any]) -> Table:
         table.add_row(
             job.task_id,
             job.type,
-            f"[{COLOURS[status]}]{status.value}[/]",
+            Text(status.value, style=COLOURS[status]),
             f"{job.attempts}/{job.max_attempts}",
             f"{job.progress.percent:.0f}% {job.progress.message or ''}",
             outcome,

@@ -21,7 +21,7 @@ KeysFileOption = Annotated[
     typer.Option(
         "--keys-file",
         envvar="BACKBURNER_KEYS_FILE",
-        help="The keys file (JSON of key hashes) [backburner-keys.json].",
+        help="The keys file (JSON of key hashes).",
     ),
 ]
 

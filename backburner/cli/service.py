@@ -158,6 +158,7 @@ def _serve_http(
     bb: Backburner, settings: Settings, *, run_worker: bool, level: str, warning: str | None
 ) -> None:
     import uvicorn
+    from rich.markup import escape
 
     from ..api import create_app
 
@@ -172,7 +173,9 @@ def _serve_http(
     console = out()
     role = "API and worker" if run_worker else "API"
     console.print(
-        f"backburner {role} on [bold]{url}[/]  (backend {redacted(settings.backend_url)})",
+        f"backburner {role} on [bold]{escape(url)}[/]"
+        f"  (backend {escape(redacted(settings.backend_url))})",
+        markup=True,
         soft_wrap=True,
     )
     if run_worker:
@@ -339,6 +342,8 @@ def demo(
 
 
 async def _demo(bb: Backburner, count: int) -> None:
+    from rich.markup import escape
+
     console = out()
     async with bb:
         worker = bb.worker(concurrency=50)
@@ -354,7 +359,9 @@ async def _demo(bb: Backburner, count: int) -> None:
         ids.append((await bb.enqueue("flaky_call", {"fail_times": 1})).task_id)
         ids.append((await bb.enqueue("broken_call", {})).task_id)
         console.print(
-            f"backend: [bold]{redacted(bb.settings.backend_url)}[/]  worker: {worker.worker_id}"
+            f"backend: [bold]{escape(redacted(bb.settings.backend_url))}[/]"
+            f"  worker: {escape(worker.worker_id)}",
+            markup=True,
         )
         from rich.live import Live
 

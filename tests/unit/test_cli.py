@@ -90,6 +90,28 @@ def test_submit_status_tasks_cancel_and_dlq_over_http(tmp_path: Path) -> None:
         assert_one_line_error(run("status", "task_missing", "--url", url), "no job")
 
 
+def test_data_that_looks_like_markup_is_printed_as_it_is(tmp_path: Path) -> None:
+    # rich read job data as markup: "[b]x[/b]" lost its tags in --json output, and a
+    # "[/INST]" (Llama's chat template) made every listing end in a traceback.
+    prompt = "[INST] Use [b]bold[/b] here [/INST] [red]x[/]"
+    with live_server(tmp_path) as server:
+        url = server.url
+        queued = json.loads(run("submit", prompt, "--url", url).stdout)
+        listed = run("tasks", "--url", url, "--json", "--limit", "5")
+        assert listed.returncode == 0, listed.stderr
+        (task,) = [t for t in json.loads(listed.stdout) if t["task_id"] == queued["task_id"]]
+        assert task["input"]["prompt"] == prompt
+        table = run("tasks", "--url", url, "--limit", "5", env={"COLUMNS": "60"})
+        assert table.returncode == 0, table.stderr
+        assert queued["task_id"] in table.stdout  # whole, however narrow: it is for copying
+    keys_file = tmp_path / "keys.json"
+    name = "ops [/] [b]x[/b]"
+    made = run("keys", "create", "--tenant", "acme", "--name", name, "--keys-file", str(keys_file))
+    assert made.returncode == 0, made.stderr
+    listed = run("keys", "list", "--keys-file", str(keys_file))
+    assert listed.returncode == 0 and "ops [/] [b]x[/b]" in listed.stdout, listed.stderr
+
+
 def test_enqueue_goes_straight_to_the_backend(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     enq = run(
