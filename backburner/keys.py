@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -84,6 +85,37 @@ class StoredKey:
     name: str | None = None
 
 
+_KEY_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "tenant": (str,),
+    "hash": (str,),
+    "admin": (bool,),
+    "created_at": (int, float),
+    "name": (str, type(None)),
+}
+
+
+def _stored_key(entry: Any) -> StoredKey:
+    """A keys-file entry, each field of its own type: ``"admin": "false"`` (any text) had
+    made a tenant's key an admin's."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"an entry must be an object, got {type(entry).__name__}")
+    unknown = set(entry) - set(_KEY_FIELDS)
+    if unknown:
+        raise ValueError(f"an entry has unknown fields {sorted(unknown)}")
+    for name in ("id", "tenant", "hash"):
+        if name not in entry:
+            raise ValueError(f"an entry lacks {name!r}")
+    for name, value in entry.items():
+        wanted = _KEY_FIELDS[name]
+        if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+            kinds = " or ".join("null" if t is type(None) else t.__name__ for t in wanted)
+            raise ValueError(f"{name!r} of {entry.get('id')!r} must be {kinds}, got {value!r}")
+    if not math.isfinite(entry.get("created_at", 0.0)):
+        raise ValueError(f"'created_at' of {entry['id']!r} must be a finite number")
+    return StoredKey(**entry)
+
+
 class KeysFile:
     """The JSON file ``backburner keys create`` writes: ``{"keys": [StoredKey, ...]}``.
 
@@ -106,8 +138,11 @@ class KeysFile:
             ) from None
         try:
             data = json.loads(text)
-            keys = [StoredKey(**entry) for entry in data["keys"]]
-        except (ValueError, TypeError, KeyError) as exc:
+            entries = data["keys"] if isinstance(data, dict) else None
+            if not isinstance(entries, list):
+                raise ValueError('it must be {"keys": [...]}')
+            keys = [_stored_key(entry) for entry in entries]
+        except (ValueError, KeyError, RecursionError) as exc:
             raise ConfigurationError(f"the keys file {self.path} is not valid: {exc}") from None
         for key in keys:
             if not _HASH.fullmatch(key.hash):
@@ -205,6 +240,12 @@ class KeyRing:
         self._checked_at = float("-inf")
         self.open = not self._static and self._file is None
         self._reload(force=True)
+        if self._file is not None and self._file_stamp is None and not self._static:
+            log.warning(
+                "the keys file %s does not exist: no API key is accepted (every request gets"
+                " 401) until `backburner keys create` writes it",
+                self._file.path,
+            )
 
     def _reload(self, *, force: bool = False) -> None:
         if self._file is None:

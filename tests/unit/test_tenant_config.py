@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -146,6 +148,38 @@ def test_a_broken_keys_file_fails_at_start_and_is_ignored_later(tmp_path: Path) 
     ring._checked_at = float("-inf")  # look at the file again now, not in a second
     kept = ring.lookup(key)  # the keys read before stay while the file is broken
     assert kept is not None and kept.tenant == "acme"
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"admin": "false"}, "'admin' of 'k1' must be bool"),  # any text had made it an admin
+        ({"admin": 1}, "must be bool"),
+        ({"hash": 5}, "'hash' of 'k1' must be str"),
+        ({"created_at": "yesterday"}, "must be int or float"),
+        ({"created_at": True}, "must be int or float"),
+        ({"created_at": float("nan")}, "finite"),
+        ({"name": ["x"]}, "must be str or null"),
+        ({"role": "admin"}, "unknown fields ['role']"),
+    ],
+)
+def test_each_field_of_the_keys_file_has_its_type(
+    tmp_path: Path, change: dict[str, Any], complaint: str
+) -> None:
+    path = tmp_path / "keys.json"
+    keys = KeysFile(path)
+    key = keys.create("acme")
+    data = json.loads(path.read_text())
+    data["keys"][0].update({"id": "k1", **change})
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigurationError, match=re.escape(complaint)):
+        keys.read()
+    with pytest.raises(ConfigurationError, match="not valid"):
+        KeyRing(Settings(keys_file=str(path)))
+    path.write_text(json.dumps({"keys": [{**data["keys"][0], **{"admin": False}}]}))
+    if "admin" in change:  # the same entry, well typed: the tenant's key, not an admin's
+        principal = KeyRing(Settings(keys_file=str(path))).lookup(key)
+        assert principal is not None and principal.admin is False
 
 
 def test_the_keys_commands(tmp_path: Path) -> None:
