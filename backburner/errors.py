@@ -29,6 +29,7 @@ The tree::
     └── TaskError                   raised by handlers to steer the retry policy
         ├── Retry                   retry this attempt, optionally after a delay
         ├── Suspend                 park the job, attempt not charged, until woken or a time
+        │   └── WaitForChildren     park a pipeline until its children end (or a poll)
         ├── PermanentError          fail the job at once, no retry
         │   ├── PipelineDefinitionError  a step name repeated, or steps in another order
         │   ├── ChildFailedError         a pipeline's child failed for good (names it)
@@ -265,6 +266,11 @@ class Suspend(TaskError):  # noqa: N818 - a verb reads better at the raise site
         super().__init__(reason)
         self.reason = reason
         self.after = after
+
+
+class WaitForChildren(Suspend):
+    """Park a pipeline while its children run: as ``Suspend``, and woken as soon as none is
+    open, or one fails (a plain ``Suspend`` waits out its ``after``: nothing else wakes it)."""
 
 
 class PipelineDefinitionError(PermanentError):

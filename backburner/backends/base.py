@@ -264,6 +264,8 @@ class Wait:
 
     run_at: float
     reason: str = "waiting"
+    children: bool = False
+    """It waits for its children (a pipeline): woken, too, as soon as none is open."""
 
 
 Outcome = Complete | Fail | RetryAt | Release | Wait
@@ -345,6 +347,10 @@ class Backend(Protocol):
     async def job_status(self, task_id: str) -> JobStatus | None:
         """The job's status alone, or None if it does not exist: what a child that starts
         asks of its parent, whose whole record (a batch's 10,000 inputs) ``get`` would read."""
+        ...
+
+    async def job_type(self, task_id: str) -> str | None:
+        """The job's task type alone, or None if it does not exist (as ``job_status``)."""
         ...
 
     async def list_jobs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,10 @@ from ..errors import PipelineDefinitionError
 from ..hooks import Hooks
 from ..models import Job, JobStatus
 from .context import PIPELINE_EVENTS, PipelineContext, StepRetry
+
+WAKE_RETRIES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 0.0)
+"""The pauses while a failed child's parent is still running (3 s in all; the last look
+needs no pause after it)."""
 
 if TYPE_CHECKING:
     from ..app import Backburner
@@ -70,6 +75,13 @@ def pipeline_handler(
     return run
 
 
+_CANCELLING_CHILDREN_OF: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "backburner_cancelling_children_of", default=None
+)
+"""The parent whose cancel_children runs in this context: its children's cancels need not
+wake it (it is the one running, or ending)."""
+
+
 async def cancel_children(app: Backburner, parent_id: str) -> None:
     """Cancel every child of a cancelled job that is still queued or running (and theirs).
 
@@ -78,15 +90,19 @@ async def cancel_children(app: Backburner, parent_id: str) -> None:
     if not await app.backend.has_open_children(parent_id):  # (most jobs: one read, not two)
         return
     open_statuses = (JobStatus.QUEUED, JobStatus.PROCESSING)
-    for status in open_statuses:
-        while True:
-            page = await app.backend.list_jobs(parent_id=parent_id, status=status, limit=500)
-            if not page.jobs:
-                break
-            cancels = (app.cancel(child.task_id) for child in page.jobs)
-            for outcome in await asyncio.gather(*cancels, return_exceptions=True):
-                if isinstance(outcome, BaseException):
-                    raise outcome  # (as one by one: the caller hears of the first failure)
+    cascade = _CANCELLING_CHILDREN_OF.set(parent_id)  # (the gather's tasks take a copy of it)
+    try:
+        for status in open_statuses:
+            while True:
+                page = await app.backend.list_jobs(parent_id=parent_id, status=status, limit=500)
+                if not page.jobs:
+                    break
+                cancels = (app.cancel(child.task_id) for child in page.jobs)
+                for outcome in await asyncio.gather(*cancels, return_exceptions=True):
+                    if isinstance(outcome, BaseException):
+                        raise outcome  # (as one by one: the caller hears of the first failure)
+    finally:
+        _CANCELLING_CHILDREN_OF.reset(cascade)
 
 
 class ParentWaker(Hooks):
@@ -98,13 +114,40 @@ class ParentWaker(Hooks):
     def __init__(self, app: Backburner) -> None:
         self.app = app
 
-    async def _ended(self, job: Job) -> None:
+    async def _ended(self, job: Job, *, failed: bool = False) -> None:
         parent = job.parent_id
         if parent is None:
             return
         backend = self.app.backend
+        if failed and await self._fails_with(parent):
+            # At once, not at its next poll: it fails now, and its siblings' work stops.
+            await self._wake_when_parked(parent)
+            return
         if not await backend.has_open_children(parent):
             await backend.wake(parent, now=self.app.clock.now())
+
+    async def _wake_when_parked(self, parent: str) -> None:
+        """Wake ``parent`` now; if it is still running, again once it has parked: between
+        its look at its children and its wait's write, a wake does nothing, and it would wait
+        for its next poll (minutes, for a wide fan-out) to see the failure. A parent that runs
+        on for longer (a step) sees it when it looks at its children next."""
+        backend, clock = self.app.backend, self.app.clock
+        for pause in WAKE_RETRIES_S:
+            status = await backend.job_status(parent)
+            if status is None or status.is_terminal:
+                return
+            if status is JobStatus.QUEUED:
+                await backend.wake(parent, now=clock.now())
+                return
+            await asyncio.sleep(pause)
+
+    async def _fails_with(self, parent: str) -> bool:
+        """Whether a child's failure may end its parent: not the built-in batch's (a failed
+        request is one of its results), which is not woken for each of 10,000 failures."""
+        from ..builtin import BATCH, is_builtin
+
+        kind = await self.app.backend.job_type(parent)
+        return not (kind == BATCH and is_builtin(self.app, BATCH))
 
     async def on_start(self, job: Job) -> None:
         if job.parent_id is None:
@@ -119,8 +162,9 @@ class ParentWaker(Hooks):
         await self._ended(job)
 
     async def on_fail(self, job: Job) -> None:
-        await self._ended(job)
+        await self._ended(job, failed=True)
         await cancel_children(self.app, job.task_id)
 
     async def on_cancel(self, job: Job) -> None:
-        await self._ended(job)
+        cascade = job.parent_id is not None and _CANCELLING_CHILDREN_OF.get() == job.parent_id
+        await self._ended(job, failed=not cascade)

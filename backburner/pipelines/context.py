@@ -21,6 +21,7 @@ from ..errors import (
     PermanentError,
     PipelineDefinitionError,
     Suspend,
+    WaitForChildren,
 )
 from ..jsoncodec import round_trip
 from ..models import Job, JobStatus
@@ -244,7 +245,7 @@ class PipelineContext:
                 await self._ctx.emit(CHILDREN_EVENT, {"name": name, "total": len(ids), **counts})
                 await self._ctx.progress(percent, message)
             self.parked = f"waiting for {open_} children of {name!r}"
-            raise Suspend(self.parked, after=self._app.settings.pipeline_poll_s)
+            raise WaitForChildren(self.parked, after=self._app.settings.pipeline_poll_s)
         if self._ctx.job.progress.message is not None:  # it reported waiting: say it's over
             await self._ctx.progress(100.0, f"{name}: {len(ids)}/{len(ids)} children done")
         results: list[Any] = []

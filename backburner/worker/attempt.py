@@ -17,6 +17,7 @@ from ..errors import (
     InvalidInputError,
     LeaseLostError,
     Suspend,
+    WaitForChildren,
 )
 from ..models import ErrorInfo, Job
 from ..observability.logs import job_fields
@@ -139,7 +140,8 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
     timed_out = False
     try:
         if job.deadline_at is not None and now >= job.deadline_at:
-            raise _FailNowError("deadline_exceeded", "the job's deadline passed before it ran")
+            when = "while it waited" if job.history else "before it ran"
+            raise _FailNowError("deadline_exceeded", f"the job's deadline passed {when}")
         try:
             definition.check_input(job.input)
         except InvalidInputError as exc:
@@ -184,7 +186,10 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         _log_failed_attempt(job, exc.error)
         return Fail(exc.error, max(job.ttl_s, policy.dead_letter_ttl_s))
     except Suspend as exc:
-        return Wait(app.clock.now() + exc.after, exc.reason)
+        run_at = app.clock.now() + exc.after
+        if job.deadline_at is not None:  # (then it runs to fail, and its children go too)
+            run_at = min(run_at, job.deadline_at)
+        return Wait(run_at, exc.reason, children=isinstance(exc, WaitForChildren))
     except Exception as exc:
         return _failure(app, attempt, exc)
 
@@ -248,7 +253,9 @@ async def store(app: Backburner, attempt: Attempt, outcome: Outcome) -> None:
     try:
         # A child may have ended between a pipeline's look at its children and this write, so
         # its hook's wake found the pipeline still processing: looking once more closes that.
-        if isinstance(outcome, Wait) and not await app.backend.has_open_children(job.task_id):
+        # (Only then: a plain Suspend's job, which has no children, waits out its time.)
+        waiting = isinstance(outcome, Wait) and outcome.children
+        if waiting and not await app.backend.has_open_children(job.task_id):
             await app.backend.wake(job.task_id, now=app.clock.now())
         if isinstance(outcome, Complete):
             await app.hooks.complete(stored_job)

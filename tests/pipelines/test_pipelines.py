@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from backburner import Backburner, Job, JobContext
-from backburner.errors import InvalidTransitionError, PermanentError
+from backburner.errors import InvalidTransitionError, PermanentError, Suspend
 from backburner.models import JobStatus
 
 from ..conftest import BACKENDS, drop_redis_keys, make_backend
@@ -302,6 +302,9 @@ async def test_a_child_failing_fails_the_parent_at_once_and_stops_its_siblings(
     async def parent(ctx: Any) -> list[int]:
         return list(await ctx.map("work", work, [0, 1, 2]))
 
+    # No poll could do it in time: the failed child wakes its parent (it waited for its
+    # siblings' end, or its next poll, and they ran to completion).
+    bb.settings = bb.settings.replace(pipeline_poll_s=300.0)
     async with bb, running_worker(bb, concurrency=4):
         job = await bb.wait((await bb.enqueue("parent")).task_id, timeout=20)
         children = (await bb.list(parent_id=job.task_id)).jobs
@@ -395,3 +398,49 @@ async def test_a_child_is_not_deleted_while_its_parent_runs_nor_replayed_after_i
             await bb.replay(found[2].task_id)
         await bb.delete(found[0].task_id)  # the parent has ended: now it may go
     assert len((await bb.list(parent_id=job.task_id, limit=10)).jobs) == 2
+
+
+async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
+    # It was woken at once, every time: 560-1,440 runs in 8 s, a core's worth of CPU.
+    runs: list[float] = []
+
+    @bb.task
+    async def later(ctx: JobContext) -> int:
+        runs.append(asyncio.get_running_loop().time())
+        if len(runs) == 1:
+            raise Suspend("not yet", after=1.5)
+        return len(runs)
+
+    async with bb, running_worker(bb, concurrency=2):
+        done = await bb.wait((await bb.enqueue("later")).task_id, timeout=20)
+    assert done.status == JobStatus.COMPLETED and done.result == 2 and done.attempts == 1
+    assert runs[1] - runs[0] >= 1.4
+
+
+async def test_a_deadline_ends_a_pipeline_that_waits_for_its_children(bb: Backburner) -> None:
+    # It waited for its children (or its poll) and failed after their work was done.
+    bb.settings = bb.settings.replace(pipeline_poll_s=300.0)
+    gate = asyncio.Event()
+
+    @bb.task
+    async def slow(ctx: JobContext, n: int) -> int:
+        await gate.wait()
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        return list(await ctx.map("slow", slow, [1, 2]))
+
+    try:
+        async with bb, running_worker(bb, concurrency=4):
+            started = asyncio.get_running_loop().time()
+            job = await bb.enqueue("parent", deadline=1.0)
+            done = await bb.wait(job.task_id, timeout=20)
+            took = asyncio.get_running_loop().time() - started
+            children = (await bb.list(parent_id=job.task_id)).jobs
+    finally:
+        gate.set()
+    assert done.status == JobStatus.FAILED and done.error is not None
+    assert done.error.type == "deadline_exceeded" and "while it waited" in done.error.message
+    assert took < 10
+    assert [c.status for c in children] == [JobStatus.CANCELLED] * 2
