@@ -167,6 +167,9 @@ def _serve_http(
     event_loop = bb.settings.event_loop
     loop_factory(event_loop)
     _check_port(settings.host, settings.port)
+    # The backend, once, before the server: a Redis that is down, a SQLite file that cannot
+    # be opened, is a line here, not uvicorn's traceback of its failed startup.
+    run(_reachable(bb), event_loop)
     if warning is not None:
         err().print(warning, highlight=False, soft_wrap=True)
     url = f"http://{settings.host}:{settings.port}"
@@ -212,6 +215,13 @@ def _serve_http(
         loop=event_loop,
         timeout_graceful_shutdown=5,
     )
+
+
+async def _reachable(bb: Backburner) -> None:
+    try:
+        await bb.connect()
+    finally:
+        await bb.close()
 
 
 def _model_line(bb: Backburner) -> str:

@@ -266,6 +266,17 @@ def test_a_signal_ends_open_event_streams_at_once_so_shutdown_is_clean(tmp_path:
     assert proc.returncode in (0, -signal.SIGTERM), stderr
 
 
+def test_a_backend_that_cannot_be_reached_at_start_is_one_line(tmp_path: Path) -> None:
+    # uvicorn's traceback of a failed startup (20 lines, exit 3) was all it said.
+    closed = _free_port()
+    down = run("api", "--backend", f"redis://127.0.0.1:{closed}/0", "--port", str(_free_port()))
+    assert_one_line_error(down, f"cannot connect to Redis at 127.0.0.1:{closed}")
+    missing = f"sqlite:///{tmp_path}/no/such/dir/x.db"
+    assert_one_line_error(
+        run("serve", "--backend", missing, "--port", str(_free_port())), "does not exist"
+    )
+
+
 def test_webhook_secret_prints_a_new_secret_each_time() -> None:
     first, second = run("webhook-secret"), run("webhook-secret")
     assert first.returncode == 0 and first.stdout.startswith("whsec_")
