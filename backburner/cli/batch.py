@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ..models import JobStatus
-from .common import UrlOption, err, fail, print_json
+from .common import UrlOption, err, fail, print_json, priority_value
 from .remote import DEFAULT_URL, _session
 
 
@@ -41,12 +42,6 @@ def read_requests(path: Path) -> list[dict[str, Any]]:
     return requests
 
 
-def _priority(value: str | None) -> int | str | None:
-    if value is not None and value.lstrip("-").isdigit():
-        return int(value)
-    return value
-
-
 def submit(
     file: Annotated[
         Path,
@@ -71,8 +66,9 @@ def submit(
     """Submit a JSONL file of requests as one batch; print it, or follow it with --wait."""
     requests = read_requests(file)
     with _session(url) as client:
-        batch = client.submit_batch(requests, model=model, priority=_priority(priority))
+        batch = client.submit_batch(requests, model=model, priority=priority_value(priority))
         if wait:
+            err().print(f"batch {batch.batch_id}", highlight=False, soft_wrap=True)
             batch = _follow(client, batch)
     print_json(batch.model_dump(mode="json"))
     if wait and batch.status != JobStatus.COMPLETED:
@@ -126,13 +122,19 @@ def results(
                 sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
             return
         count = 0
+        # Into a file beside it, which replaces it once every row is in: a request that
+        # fails (an unknown id, a lost server) leaves what was there before.
+        partial = output.with_name(f".{output.name}.{os.getpid()}.part")
         try:
-            with output.open("w", encoding="utf-8") as sink:
+            with partial.open("w", encoding="utf-8") as sink:
                 for row in client.batch_results(batch_id):
                     sink.write(json.dumps(row, ensure_ascii=False) + "\n")
                     count += 1
+            partial.replace(output)
         except OSError as exc:
             raise fail(f"cannot write {output}: {exc}") from None
+        finally:
+            partial.unlink(missing_ok=True)
     err().print(f"wrote {count} results to {output}", highlight=False, soft_wrap=True)
 
 

@@ -7,6 +7,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Coroutine
@@ -215,6 +216,14 @@ def job_table(jobs: list[Any]) -> Table:
             outcome,
         )
     return table
+
+
+def priority_value(value: str | None) -> int | str | None:
+    """``--priority`` as the API takes it: a whole number, else a class name (which the API
+    checks). (``"--5"`` or ``"²"`` passed a digit test and then broke ``int``.)"""
+    if value is not None and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        return int(value)
+    return value
 
 
 def print_json(value: Any) -> None:

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import BackburnerError
 from ..models import JobStatus
-from .common import UrlOption, fail, job_table, out, print_json
+from .common import UrlOption, err, fail, job_table, out, print_json, priority_value
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -48,14 +48,15 @@ def submit(
     if wait and stream:
         raise fail("give --wait or --stream, not both", 2)
     with _session(url) as client:
-        level: int | str | None = priority
-        if priority is not None and priority.lstrip("-").isdigit():
-            level = int(priority)
+        level = priority_value(priority)
         submission = client.generate(prompt, model=model, max_tokens=max_tokens, priority=level)
         task_id = submission.task_id
         if not (wait or stream):
             print_json(submission.model_dump(mode="json"))
             return
+        # At once, on stderr: a follow cut short (Ctrl-C, a lost connection) leaves a job
+        # running, and its id is how to find it again.
+        err().print(f"task {task_id}", highlight=False, soft_wrap=True)
         if stream:
             _print_tokens(client, task_id)
         else:
@@ -95,7 +96,7 @@ def _progress_bar(client: Any, task_id: str) -> None:
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=out(), transient=True) as bar:
+    with Progress(*columns, console=err(), transient=True) as bar:  # (stdout: the JSON alone)
         row = bar.add_task(task_id, total=100)
         for event in client.stream(task_id):
             if event.type == "progress" and isinstance(event.data, dict):

@@ -18,7 +18,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from .. import __version__
-from ..errors import ConfigurationError, InvalidInputError
+from ..errors import ConfigurationError, InvalidInputError, TransportError
 from ..models import Event, JobStatus
 from ._errors import invalid_response, raise_for_error
 from .models import Submission
@@ -43,10 +43,17 @@ class Call:
     key: str | None = None  # the Idempotency-Key sent
     key_generated: bool = False  # ... made up by the client, so only its own repeats match
     sent: int = 0  # how many times it went out (more than once: it was retried)
+    timeout: httpx.Timeout | None = None  # (None: the client's)
+    stream: bool = False  # the body is read as it comes (the caller closes the response)
 
     def build(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         return http.build_request(
-            self.method, self.path, params=self.params, json=self.json, headers=self.headers
+            self.method,
+            self.path,
+            params=self.params,
+            json=self.json,
+            headers=self.headers,
+            timeout=self.timeout if self.timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
 
 
@@ -228,8 +235,15 @@ def cancel_batch_call(batch_id: str) -> Call:
     return Call("POST", batch_path(batch_id, "/cancel"), task_id=batch_id)
 
 
-def batch_results_path(batch_id: str) -> str:
-    return batch_path(batch_id, "/results")
+def batch_results_call(batch_id: str, timeout: httpx.Timeout) -> Call:
+    headers = {"Accept": "application/x-ndjson"}
+    path = batch_path(batch_id, "/results")
+    return Call("GET", path, headers=headers, task_id=batch_id, timeout=timeout, stream=True)
+
+
+def results_cut(batch_id: str, exc: Exception) -> TransportError:
+    """A results stream that broke part-way (its rows so far were given)."""
+    return TransportError(f"the results of {batch_id} were cut off: {exc}; iterate again")
 
 
 def parse_result_line(line: str, response: httpx.Response) -> dict[str, Any] | None:

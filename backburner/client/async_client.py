@@ -104,7 +104,7 @@ class AsyncClient:
         while True:
             call.sent += 1
             try:
-                response = await self._http.send(request)
+                response = await self._http.send(request, stream=call.stream)
             except httpx.TransportError as exc:
                 delay = self.options.after_exception(retry, call, exc)
                 if delay is None:
@@ -326,17 +326,22 @@ class AsyncClient:
         """The batch's results, streamed, one dict per finished request: ``{custom_id,
         task_id, status, result, error, usage}`` in no set order (once the batch ended, one
         per request). Not resumed if the connection drops: iterate again."""
-        path = _http.batch_results_path(batch_id)
         timeout = self.options.stream_timeout(self._http.timeout)
-        headers = {"Accept": "application/x-ndjson"}
-        async with self._http.stream("GET", path, headers=headers, timeout=timeout) as response:
+        # (opened as every call is: retried while the server is away or busy)
+        response = await self._send(_http.batch_results_call(batch_id, timeout))
+        try:
             if response.is_error:
                 await response.aread()
                 raise_for_error(response, task_id=batch_id)
-            async for line in response.aiter_lines():
-                row = _http.parse_result_line(line, response)
-                if row is not None:
-                    yield row
+            try:
+                async for line in response.aiter_lines():
+                    row = _http.parse_result_line(line, response)
+                    if row is not None:
+                        yield row
+            except httpx.HTTPError as exc:
+                raise _http.results_cut(batch_id, exc) from exc
+        finally:
+            await response.aclose()
 
     async def poll(
         self,

@@ -92,7 +92,7 @@ class Client:
         while True:
             call.sent += 1
             try:
-                response = self._http.send(request)
+                response = self._http.send(request, stream=call.stream)
             except httpx.TransportError as exc:
                 delay = self.options.after_exception(retry, call, exc)
                 if delay is None:
@@ -311,17 +311,22 @@ class Client:
         """The batch's results, streamed, one dict per finished request: ``{custom_id,
         task_id, status, result, error, usage}`` in no set order (once the batch ended, one
         per request). Not resumed if the connection drops: iterate again."""
-        path = _http.batch_results_path(batch_id)
         timeout = self.options.stream_timeout(self._http.timeout)
-        headers = {"Accept": "application/x-ndjson"}
-        with self._http.stream("GET", path, headers=headers, timeout=timeout) as response:
+        # (opened as every call is: retried while the server is away or busy)
+        response = self._send(_http.batch_results_call(batch_id, timeout))
+        try:
             if response.is_error:
                 response.read()
                 raise_for_error(response, task_id=batch_id)
-            for line in response.iter_lines():
-                row = _http.parse_result_line(line, response)
-                if row is not None:
-                    yield row
+            try:
+                for line in response.iter_lines():
+                    row = _http.parse_result_line(line, response)
+                    if row is not None:
+                        yield row
+            except httpx.HTTPError as exc:
+                raise _http.results_cut(batch_id, exc) from exc
+        finally:
+            response.close()
 
     def poll(
         self,

@@ -283,3 +283,34 @@ def test_a_delete_of_a_missing_job_is_not_found() -> None:
         pytest.raises(JobNotFoundError),
     ):
         client.delete("task_x")
+
+
+class _CutStream(httpx.SyncByteStream):
+    def __iter__(self) -> Any:
+        yield b'{"custom_id": "a", "status": "completed"}\n'
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete body")
+
+
+def test_batch_results_are_opened_with_retries_and_fail_typed(
+    scripted: Any, clock: FakeClock
+) -> None:
+    # They went straight to httpx: raw httpx errors, and no retry of a 503 or a refusal.
+    rows = b'{"custom_id": "a", "status": "completed"}\n{"custom_id": "b", "status": "failed"}\n'
+    client, script = scripted(
+        refused(),
+        error(503, "backend_unavailable", "busy", **{"Retry-After": "2"}),
+        httpx.Response(200, content=rows, headers={"content-type": "application/x-ndjson"}),
+    )
+    assert [r["custom_id"] for r in client.batch_results("task_abc")] == ["a", "b"]
+    assert clock.sleeps == [0.5, 2.0] and len(script.requests) == 3
+    down, _ = scripted(refused(), refused(), refused(), refused())
+    with pytest.raises(TransportError, match="after 4 attempts"):
+        list(down.batch_results("task_abc"))
+    cut, _ = scripted(httpx.Response(200, stream=_CutStream()))
+    got: list[dict[str, Any]] = []
+    with pytest.raises(TransportError, match="cut off"):
+        got.extend(cut.batch_results("task_abc"))
+    assert [r["custom_id"] for r in got] == ["a"]
+    missing, _ = scripted(error(404, "not_found", "no batch task_abc"))
+    with pytest.raises(JobNotFoundError):
+        list(missing.batch_results("task_abc"))

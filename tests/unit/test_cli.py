@@ -112,6 +112,25 @@ def test_data_that_looks_like_markup_is_printed_as_it_is(tmp_path: Path) -> None
     assert listed.returncode == 0 and "ops [/] [b]x[/b]" in listed.stdout, listed.stderr
 
 
+def test_a_follow_prints_the_id_first_and_a_failed_results_write_keeps_the_file(
+    tmp_path: Path,
+) -> None:
+    with live_server(tmp_path) as server:
+        url = server.url
+        waited = run("submit", "Explain leases", "--max-tokens", "4", "--wait", "--url", url)
+        assert waited.returncode == 0, waited.stderr
+        task = json.loads(waited.stdout)  # stdout: the JSON alone (the bar is on stderr)
+        assert waited.stderr.splitlines()[0] == f"task {task['task_id']}"  # before any wait
+        kept = tmp_path / "results.jsonl"
+        kept.write_text("earlier results\n")
+        missing = run("batch", "results", "task_" + "0" * 32, "-o", str(kept), "--url", url)
+        assert_one_line_error(missing, "no ")
+        assert kept.read_text() == "earlier results\n"  # it was emptied before the request
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+        odd = run("submit", "x", "--priority", "--5", "--url", url)
+        assert "Traceback" not in odd.stderr and odd.returncode != 0, odd.stderr
+
+
 def test_enqueue_goes_straight_to_the_backend(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     enq = run(
