@@ -150,6 +150,10 @@ class StreamCursor:
         return delay
 
 
+OUTAGE_S = 300.0
+"""How long wait() and poll() keep looking at an API that cannot be reached or answers 503."""
+
+
 class Pacer:
     """wait()'s clock: the delay before the next look at a job, and its deadline."""
 
@@ -168,6 +172,31 @@ class Pacer:
         self.clock = clock
         self.deadline = None if timeout is None else clock() + timeout
         self.polls = 0
+        self.down_since: float | None = None
+
+    def after_outage(self, problem: Exception) -> float:
+        """Seconds to wait before looking again after a look that could not be made (the
+        API restarting, or answering 503 past the client's own retries); re-raises
+        ``problem`` once the API has been away for OUTAGE_S, or past the deadline. A wait
+        for an hours-long job rode out no more than 3.5 s of a restart."""
+        now = self.clock()
+        if self.down_since is None:
+            self.down_since = now
+        cause = problem.__cause__ if isinstance(problem, TransportError) else problem
+        passing = isinstance(cause, Exception) and is_stream_retryable(cause)
+        if not passing or now - self.down_since >= OUTAGE_S:
+            raise problem
+        delay = min(self.max_interval, 2.0 ** min(self.polls, 5))
+        self.polls += 1
+        if self.deadline is not None:
+            left = self.deadline - now
+            if left <= 0:
+                raise problem
+            delay = min(delay, left)
+        return delay
+
+    def answered(self) -> None:
+        self.down_since = None
 
     def next_delay(self, status: str, response: httpx.Response) -> float:
         """Seconds to sleep before looking again; raises WaitTimeoutError past the deadline."""

@@ -23,8 +23,8 @@ from ..errors import APIError, TransportError
 from ..models import Event, JobStatus
 from . import _http
 from ._errors import raise_for_error
-from ._options import ClientOptions, StreamCursor, is_stream_retryable, unreachable
-from ._policy import RetryPolicy
+from ._options import ClientOptions, Pacer, StreamCursor, is_stream_retryable, unreachable
+from ._policy import RETRY_STATUSES, RetryPolicy
 from .models import Batch, Stats, Submission, Task, TaskPage, Usage, is_terminal_event
 from .sse import SSEParser
 
@@ -116,6 +116,23 @@ class AsyncClient:
                 await response.aclose()
             await self._sleep(delay)
             retry += 1
+
+    async def _look(self, call: _http.Call, pacer: Pacer) -> httpx.Response:
+        """``call`` for a poll: an API away (a restart) is waited for, as ``Pacer`` says."""
+        while True:
+            try:
+                response = await self._send(call)
+            except (TransportError, APIError) as exc:
+                await self._sleep(pacer.after_outage(exc))
+                continue
+            if response.status_code in RETRY_STATUSES:  # (503s past the client's retries)
+                try:
+                    raise_for_error(response, task_id=call.task_id)
+                except APIError as exc:
+                    await self._sleep(pacer.after_outage(exc))
+                    continue
+            pacer.answered()
+            return response
 
     async def submit(
         self,
@@ -295,7 +312,7 @@ class AsyncClient:
         pacer = self.options.pacer(batch_id, timeout, poll_interval, max_poll_interval, self._clock)
         call = _http.get_batch_call(batch_id)
         while True:
-            response = await self._send(call)
+            response = await self._look(call, pacer)
             batch = _http.parse(Batch, response, call)
             yield batch
             if batch.is_terminal:
@@ -355,11 +372,13 @@ class AsyncClient:
 
         Sleeps between looks as the server's Retry-After asks, else ``poll_interval``
         doubling up to ``max_poll_interval``; raises ``WaitTimeoutError`` after ``timeout``.
+        An API that cannot be reached or answers 503 (a restart) is looked at again, up to
+        ``max_poll_interval`` apart, for 5 minutes before its error is raised.
         """
         pacer = self.options.pacer(task_id, timeout, poll_interval, max_poll_interval, self._clock)
         call = _http.get_call(task_id)
         while True:
-            response = await self._send(call)
+            response = await self._look(call, pacer)
             task = _http.parse(Task, response, call)
             yield task
             if task.is_terminal:

@@ -15,8 +15,8 @@ from ..errors import APIError, TransportError
 from ..models import Event, JobStatus
 from . import _http
 from ._errors import raise_for_error
-from ._options import ClientOptions, StreamCursor, is_stream_retryable, unreachable
-from ._policy import RetryPolicy
+from ._options import ClientOptions, Pacer, StreamCursor, is_stream_retryable, unreachable
+from ._policy import RETRY_STATUSES, RetryPolicy
 from .models import Batch, Stats, Submission, Task, TaskPage, Usage, is_terminal_event
 from .sse import SSEParser
 
@@ -104,6 +104,23 @@ class Client:
                 response.close()
             self._sleep(delay)
             retry += 1
+
+    def _look(self, call: _http.Call, pacer: Pacer) -> httpx.Response:
+        """``call`` for a poll: an API away (a restart) is waited for, as ``Pacer`` says."""
+        while True:
+            try:
+                response = self._send(call)
+            except (TransportError, APIError) as exc:
+                self._sleep(pacer.after_outage(exc))
+                continue
+            if response.status_code in RETRY_STATUSES:  # (503s past the client's retries)
+                try:
+                    raise_for_error(response, task_id=call.task_id)
+                except APIError as exc:
+                    self._sleep(pacer.after_outage(exc))
+                    continue
+            pacer.answered()
+            return response
 
     def submit(
         self,
@@ -282,7 +299,7 @@ class Client:
         pacer = self.options.pacer(batch_id, timeout, poll_interval, max_poll_interval, self._clock)
         call = _http.get_batch_call(batch_id)
         while True:
-            response = self._send(call)
+            response = self._look(call, pacer)
             batch = _http.parse(Batch, response, call)
             yield batch
             if batch.is_terminal:
@@ -340,11 +357,13 @@ class Client:
 
         Sleeps between looks as the server's Retry-After asks, else ``poll_interval``
         doubling up to ``max_poll_interval``; raises ``WaitTimeoutError`` after ``timeout``.
+        An API that cannot be reached or answers 503 (a restart) is looked at again, up to
+        ``max_poll_interval`` apart, for 5 minutes before its error is raised.
         """
         pacer = self.options.pacer(task_id, timeout, poll_interval, max_poll_interval, self._clock)
         call = _http.get_call(task_id)
         while True:
-            response = self._send(call)
+            response = self._look(call, pacer)
             task = _http.parse(Task, response, call)
             yield task
             if task.is_terminal:

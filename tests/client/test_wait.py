@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -141,3 +142,53 @@ def test_a_real_server_hint_is_honoured(tmp_path: Path) -> None:
     assert done.status == "completed"
     assert len(transport.times) >= 2 and transport.hints[0] == "1"
     assert all(gap >= 0.99 for gap in gaps(transport.times)), gaps(transport.times)
+
+
+class Restarting:
+    """A job whose API goes away (connection refused, then 503s) for ``down_s`` of fake time."""
+
+    def __init__(self, clock: FakeClock, down_from: float, down_s: float) -> None:
+        self.clock, self.down_from, self.down_s = clock, down_from, down_s
+        self.times: list[float] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        now = self.clock.now
+        self.times.append(now)
+        if self.down_from <= now < self.down_from + self.down_s / 2:
+            raise httpx.ConnectError("connection refused")
+        if self.down_from <= now < self.down_from + self.down_s:
+            return httpx.Response(
+                503, json={"error": {"type": "backend_unavailable", "message": "x"}}
+            )
+        return httpx.Response(200, json=job_view("completed" if now > 100 else "processing"))
+
+
+def test_a_wait_rides_out_an_api_restart_but_not_a_lasting_outage() -> None:
+    # It gave up after 3.5 s of a routine 4 s restart, on a job of hours.
+    clock = FakeClock()
+    api = Restarting(clock, down_from=3, down_s=60)
+    with _scripted(api, clock) as client:
+        assert client.wait("task_abc").status == "completed"
+    assert max(gaps(api.times)) <= 30  # it kept looking, at most max_poll_interval apart
+    clock = FakeClock()
+    gone = Restarting(clock, down_from=3, down_s=10_000)
+    with (
+        _scripted(gone, clock) as client,
+        pytest.raises(Exception, match="connection refused") as raised,
+    ):
+        client.wait("task_abc")
+    assert not isinstance(raised.value, WaitTimeoutError)
+    assert 300 <= gone.times[-1] - 3 <= 400  # about OUTAGE_S, then the last failure's error
+    clock = FakeClock()
+    body = {"error": {"type": "not_found", "message": "no such job"}}
+    with (
+        _scripted(lambda r: httpx.Response(404, json=body), clock) as client,
+        pytest.raises(Exception, match="no such job"),
+    ):
+        client.wait("task_abc")
+    assert clock.now == 0  # not a passing failure: no waiting
+
+
+def _scripted(answer: Any, clock: FakeClock) -> Client:
+    transport = httpx.MockTransport(answer)
+    return Client("http://api.test", transport=transport, sleep=clock.sleep, clock=clock)
