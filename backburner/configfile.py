@@ -16,10 +16,13 @@ def load_config(source: str, *, what: str, variable: str) -> dict[str, Any]:
     if text.startswith("{"):
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # (nested past Python's stack)
             raise ConfigurationError(f"{variable} is not valid JSON: {exc}") from None
     else:
-        path = Path(text).expanduser()
+        try:
+            path = Path(text).expanduser()
+        except RuntimeError as exc:  # (~nosuchuser)
+            raise ConfigurationError(f"cannot read the {what} file {text}: {exc}") from None
         try:
             body = path.read_text()
         except OSError as exc:
@@ -37,7 +40,7 @@ def load_config(source: str, *, what: str, variable: str) -> dict[str, Any]:
                 import tomllib  # (its parser, only for a TOML file)
 
                 data = tomllib.loads(body)
-        except ValueError as exc:  # (TOMLDecodeError is one)
+        except (ValueError, RecursionError) as exc:  # (TOMLDecodeError is a ValueError)
             raise ConfigurationError(f"the {what} file {path} is not valid: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigurationError(f"the {what} config must be a table")

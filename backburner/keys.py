@@ -123,7 +123,10 @@ class KeysFile:
     ``keys create`` at once both land."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser()
+        try:
+            self.path = Path(path).expanduser()
+        except RuntimeError as exc:  # (~nosuchuser)
+            raise ConfigurationError(f"cannot use the keys file {path}: {exc}") from None
 
     def read(self) -> list[StoredKey]:
         try:

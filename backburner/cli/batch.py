@@ -29,7 +29,7 @@ def read_requests(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             item = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise fail(f"{path}:{number}: not JSON: {exc}", 2) from None
         if isinstance(item, str):
             item = {"prompt": item}

@@ -321,7 +321,7 @@ def enqueue(
     """Enqueue a job straight into the backend (no API server needed) and print it."""
     try:
         payload = json.loads(input)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested past Python's stack)
         raise fail(f"--input is not valid JSON: {exc}", 2) from None
     bb = load_app(app, settings_for(backend), backend)
 

@@ -71,7 +71,13 @@ def default_headers(api_key: str | None) -> dict[str, str]:
     if api_key is None:
         api_key = os.environ.get("BACKBURNER_API_KEY") or None
     if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+        key = api_key.strip()  # (a key read from a file keeps its newline)
+        if not key or not all("!" <= ch <= "~" for ch in key):
+            raise ConfigurationError(
+                "the API key must be printable ASCII without spaces (bb_...): check"
+                " BACKBURNER_API_KEY or api_key (it is not shown here)"
+            )
+        headers["Authorization"] = f"Bearer {key}"
     return headers
 
 

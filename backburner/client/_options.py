@@ -105,7 +105,8 @@ def is_stream_retryable(exc: Exception) -> bool:
 
 def unreachable(request: httpx.Request, exc: Exception, retries: int) -> str:
     tries = f" (after {retries + 1} attempts)" if retries else ""
-    return f"{request.method} {request.url} failed{tries}: {type(exc).__name__}: {exc}"
+    url = request.url.copy_with(username=None, password=None)  # (never a URL's password)
+    return f"{request.method} {url} failed{tries}: {type(exc).__name__}: {exc}"
 
 
 def stream_failure(task_id: str, failures: int, problem: Exception | None) -> str:

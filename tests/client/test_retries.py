@@ -314,3 +314,28 @@ def test_batch_results_are_opened_with_retries_and_fail_typed(
     missing, _ = scripted(error(404, "not_found", "no batch task_abc"))
     with pytest.raises(JobNotFoundError):
         list(missing.batch_results("task_abc"))
+
+
+def test_no_error_shows_the_api_key_or_the_urls_password(
+    scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backburner.errors import ConfigurationError
+
+    secret = "bb_" + "k" * 40
+    for bad in (secret + "\n x", "bb_ключ", " "):  # a newline inside, not ASCII, blank
+        with pytest.raises(ConfigurationError, match="printable ASCII") as raised:
+            Client("http://api.test", api_key=bad)
+        assert "k" * 40 not in str(raised.value) and "ключ" not in str(raised.value)
+    monkeypatch.setenv("BACKBURNER_API_KEY", secret + "\n")  # as read from a file: fine
+    client = Client("http://api.test", transport=httpx.MockTransport(lambda r: httpx.Response(204)))
+    client.delete("task_abc")
+    client.close()
+    down = Client(
+        "http://admin:s3cret@api.test",
+        transport=httpx.MockTransport(lambda r: (_ for _ in ()).throw(refused())),
+        max_retries=0,
+    )
+    with pytest.raises(TransportError) as failed:
+        down.get("task_abc")
+    down.close()
+    assert "s3cret" not in str(failed.value) and "api.test" in str(failed.value)

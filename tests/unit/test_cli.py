@@ -341,6 +341,19 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
         "cannot open",
     )
     assert_one_line_error(run("tasks", "--status", "sleeping"), "unknown status")
+    # Each of these ended in a traceback (RecursionError, RuntimeError, UnicodeEncodeError).
+    deep = "[" * 30_000
+    db = f"sqlite:///{tmp_path}/x.db"
+    assert_one_line_error(
+        run("enqueue", "tests.workerapp:bb", "sleepy", "-i", deep, "--backend", db),
+        "not valid JSON",
+    )
+    assert_one_line_error(run("worker", "--models", "{" + '"a":{' * 20_000), "not valid JSON")
+    assert_one_line_error(run("keys", "list", "--keys-file", "~nosuchuser/k.json"), "home")
+    assert_one_line_error(run("worker", "--models", "~nosuchuser/m.toml"), "home directory")
+    keyed = run("status", "x", "--url", "http://127.0.0.1:9", env={"BACKBURNER_API_KEY": "bb_ключ"})
+    assert_one_line_error(keyed, "printable ASCII")
+    assert "ключ" not in keyed.stderr
 
 
 def test_what_ended_in_a_traceback_is_one_line(tmp_path: Path) -> None:
