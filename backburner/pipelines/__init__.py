@@ -31,16 +31,19 @@ __all__ = [
 ]
 
 
-async def _recorded(ctx: JobContext) -> list[tuple[str, Any]]:
-    """The pipeline's ``step`` and ``spawned`` events so far, in order: (kind, (name, value))."""
-    found: list[tuple[str, Any]] = []
+async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
+    """The pipeline's ``step`` and ``spawned`` events so far, in order: (kind, (name, value,
+    began))."""
+    found: list[tuple[str, tuple[str, Any, Any]]] = []
     after = 0
     while True:
         events = await ctx.backend.events(ctx.job_id, after=after, limit=1000)
         for event in events:
             if event.type in PIPELINE_EVENTS and isinstance(event.data, dict):
                 value = event.data.get("result" if event.type == "step" else "children")
-                found.append((event.type, (event.data.get("name"), value)))
+                name, began = event.data.get("name"), event.data.get("began")
+                if isinstance(name, str):
+                    found.append((event.type, (name, value, began)))
         if len(events) < 1000:
             return found
         after = events[-1].seq

@@ -20,6 +20,7 @@ from ..errors import (
     InvalidResultError,
     PermanentError,
     PipelineDefinitionError,
+    Retry,
     Suspend,
     WaitForChildren,
 )
@@ -31,9 +32,11 @@ if TYPE_CHECKING:
     from ..context import JobContext
 
 STEP_EVENT = "step"
-"""``{"name", "result"}``: a step's stored result (a map's: its children's results)."""
+"""``{"name", "result", "began"}``: a step's stored result (a map's: its children's results);
+``began``: its place among the steps of a run, in the order they began (events written
+before it existed have none)."""
 SPAWN_EVENT = "spawned"
-"""``{"name", "children"}``: the ids of the children a map or spawn enqueued."""
+"""``{"name", "children", "began"}``: the ids of the children a map or spawn enqueued."""
 CHILDREN_EVENT = "children"
 """``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
 PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
@@ -54,24 +57,32 @@ class StepRetry:
 class PipelineContext:
     """``ctx`` of a pipeline: a JobContext (progress, emit, llm, ...) plus durable steps."""
 
-    def __init__(self, ctx: JobContext, app: Backburner, recorded: list[tuple[str, Any]]) -> None:
+    def __init__(
+        self, ctx: JobContext, app: Backburner, recorded: list[tuple[str, tuple[str, Any, Any]]]
+    ) -> None:
         self._ctx = ctx
         self._app = app
         self._results: dict[str, Any] = {}
         self._spawned: dict[str, list[str]] = {}
-        for kind, data in recorded:
-            name, value = data
+        for kind, (name, value, _) in recorded:
             if kind == STEP_EVENT:
                 self._results[name] = value
             else:
                 self._spawned[name] = value
-        self._order: list[str] = []
-        """Step names in the order earlier runs began them (a step's when it ended, a map's
-        when it spawned its children)."""
-        for _, (name, _) in recorded:
-            if name not in self._order:
-                self._order.append(name)
+        self._order: dict[int, str] = {}
+        """The step that began at each place of earlier runs (0: first), by their events'
+        ``began`` (a step nested in another ends first, but began after it, and a step that
+        never ended took a place too); for events written before ``began`` was, the order
+        they were written (a step's when it ended, a map's when it spawned its children)."""
+        if all(isinstance(b, int) for _, (_, _, b) in recorded):
+            for _, (name, _, place) in recorded:
+                self._order.setdefault(place, name)
+        else:
+            for _, (name, _, _) in recorded:
+                if name not in self._order.values():
+                    self._order[len(self._order)] = name
         self._seen: list[str] = []
+        self._began: dict[str, int] = {}
         self.parked: str | None = None
         """Why this run parked (a map's children still run); nothing may follow it."""
 
@@ -104,9 +115,11 @@ class PipelineContext:
             )
         index = len(self._seen)
         self._seen.append(name)
-        if name not in self._results and name not in self._spawned and index < len(self._order):
+        self._began[name] = index
+        before = self._order.get(index)
+        if name not in self._results and name not in self._spawned and before not in (None, name):
             raise PipelineDefinitionError(
-                f"step {index + 1} is {name!r} in this run but was {self._order[index]!r} before:"
+                f"step {index + 1} is {name!r} in this run but was {before!r} before:"
                 " a pipeline must call its steps in the same order every run, one after"
                 " another (make step names and the code that chooses them deterministic; run"
                 " work in parallel with ctx.map)"
@@ -134,10 +147,14 @@ class PipelineContext:
                 break
             except (PermanentError, Suspend):
                 raise
-            except Exception:
+            except Exception as exc:
                 if attempt == policy.attempts:
                     raise
-                await asyncio.sleep(min(policy.cap_s, policy.backoff_s * 2 ** (attempt - 1)))
+                delay = min(policy.cap_s, policy.backoff_s * 2 ** (attempt - 1))
+                asked = exc.after if isinstance(exc, Retry) else None  # (a 429's Retry-After)
+                if asked is not None and asked > policy.cap_s:
+                    raise  # a long wait is the job's: parked, not holding a worker slot
+                await asyncio.sleep(max(delay, asked or 0.0))
         try:
             result = round_trip(value, f"the result of step {name!r}")
         except InvalidInputError as exc:
@@ -153,7 +170,7 @@ class PipelineContext:
                 self.job_id,
                 self._ctx.fence,
                 STEP_EVENT,
-                {"name": name, "result": result},
+                {"name": name, "result": result, "began": self._began[name]},
                 now=self._ctx.clock.now(),
             )
         except InvalidInputError as exc:
@@ -297,7 +314,7 @@ class PipelineContext:
             self.job_id,
             self._ctx.fence,
             SPAWN_EVENT,
-            {"name": name, "children": ids},
+            {"name": name, "children": ids, "began": self._began[name]},
             now=self._ctx.clock.now(),
         )
         self._spawned[name] = ids

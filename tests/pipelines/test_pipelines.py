@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from backburner import Backburner, Job, JobContext
-from backburner.errors import InvalidTransitionError, PermanentError, Suspend
+from backburner.errors import InvalidTransitionError, PermanentError, Retry, Suspend
 from backburner.models import JobStatus
+from backburner.pipelines import StepRetry
 
 from ..conftest import BACKENDS, drop_redis_keys, make_backend
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
@@ -444,3 +445,66 @@ async def test_a_deadline_ends_a_pipeline_that_waits_for_its_children(bb: Backbu
     assert done.error.type == "deadline_exceeded" and "while it waited" in done.error.message
     assert took < 10
     assert [c.status for c in children] == [JobStatus.CANCELLED] * 2
+
+
+async def test_a_step_inside_a_step_and_a_map_inside_a_step_replay_in_order(
+    bb: Backburner,
+) -> None:
+    # Steps were matched by the order they ended in, so a nested one (which ends before the
+    # step around it) failed the next run with a false "step 2 is 'inner' ... was 'outer'".
+    runs: Counter[str] = Counter()
+    broken = {"outer": 1}
+
+    @bb.task
+    async def double(ctx: JobContext, n: int) -> int:
+        return 2 * n
+
+    @bb.pipeline(max_attempts=3)
+    async def nested(ctx: Any) -> dict[str, Any]:
+        async def outer() -> int:
+            runs["outer"] += 1
+            inner = await ctx.step("inner", lambda: 20)
+            doubled = await ctx.map("twice", double, [{"n": inner}])
+            if broken["outer"]:
+                broken["outer"] -= 1
+                raise RuntimeError("the outer step fell over after its inner ones")
+            return int(doubled[0]) + 1
+
+        first = await ctx.step("outer", outer)
+        return {"first": first, "after": await ctx.step("after", lambda: "done")}
+
+    async with bb, running_worker(bb, concurrency=2):
+        done = await bb.wait((await bb.enqueue("nested")).task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == {"first": 41, "after": "done"} and runs["outer"] >= 2
+
+
+async def test_a_step_retry_waits_for_a_retry_after_and_hands_a_long_one_to_the_job(
+    bb: Backburner,
+) -> None:
+    calls: list[float] = []
+
+    def limited() -> str:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) == 1:
+            raise Retry("429", after=1.0)  # within cap_s: waited for in place
+        if len(calls) == 2:
+            raise Retry("429 for a while", after=600.0)  # beyond it: the job's own retry
+        return "ok"
+
+    @bb.pipeline(max_attempts=2)
+    async def polite(ctx: Any) -> str:
+        return str(await ctx.step("call", limited, retry=StepRetry(attempts=3, backoff_s=0.1)))
+
+    async with bb, running_worker(bb, concurrency=2):
+        job = await bb.enqueue("polite")
+        await eventually(lambda: _attempts(bb, job.task_id, 2), timeout=20)
+        parked = await bb.get(job.task_id)
+    assert calls[1] - calls[0] >= 0.95  # not the 0.1 s backoff
+    assert len(calls) == 2 and parked.status == JobStatus.QUEUED  # retried later, as asked
+    assert parked.run_at - parked.history[-1].finished_at >= 590  # type: ignore[operator]
+
+
+async def _attempts(bb: Backburner, task_id: str, count: int) -> bool:
+    job = await bb.get(task_id)
+    return len(job.history) >= 1 and job.status == JobStatus.QUEUED and len(job.history) < count
