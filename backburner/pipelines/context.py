@@ -10,6 +10,7 @@ slot is free, and the last child to end wakes it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,21 @@ CHILDREN_EVENT = "children"
 """``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
 PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
 _SPAWN_CHUNK = 100
+
+
+_OWN_OPTIONS = frozenset({"idempotency_key", "parent_id", "tenant", "limits"})
+"""Options of enqueue that a pipeline sets for each child itself."""
+
+
+def _child_key(parent_id: str, name: str, index: int) -> str:
+    """The idempotency key of a child: the same in every run, so a run that enqueues again
+    finds the children an earlier one did. A space: no Idempotency-Key an API client sends
+    can take it. A name too long for a key (at most 255 characters) goes in as a digest."""
+    key = f"{parent_id} {name} {index}"
+    if len(key) <= 255:
+        return key
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{parent_id} #{digest} {index}"
 
 
 class StepRetry:
@@ -212,9 +228,12 @@ class PipelineContext:
         A child that fails for good fails the pipeline with ChildFailedError naming it; with
         ``partial=True`` its result is None instead."""
         definition = self._app.tasks.get(_task_name(task))
-        inputs = [_child_input(definition, item) for item in items]
+        try:
+            inputs = [_child_input(definition, item) for item in items]
+        except InvalidInputError as exc:
+            raise PipelineDefinitionError(f"{name!r}: {exc}") from None
         if metadata is not None and len(metadata) != len(inputs):
-            raise InvalidInputError("map needs one metadata dict per item")
+            raise PipelineDefinitionError(f"{name!r}: map needs one metadata dict per item")
         extra = None if metadata is None else list(metadata)
         return await self._children(name, task, inputs, extra, options, partial=partial)
 
@@ -233,6 +252,7 @@ class PipelineContext:
             return list(self._results[name])
         ids = self._spawned.get(name)
         if ids is None:
+            self._check_children(name, _task_name(task), inputs, metadata, options)
             ids = await self._enqueue(name, _task_name(task), inputs, metadata, options)
         children = await self._read(ids, name, partial=partial)
         counts = {s.value: 0 for s in JobStatus}
@@ -276,6 +296,39 @@ class PipelineContext:
         await self._record(name, results)
         return results
 
+    def _check_children(
+        self,
+        name: str,
+        task: str,
+        inputs: list[dict[str, Any]],
+        metadata: list[dict[str, Any]] | None,
+        options: dict[str, Any],
+    ) -> None:
+        """Refuse, before any is enqueued, children that could never be: an unknown task, an
+        item that does not fit it, a bad option. A mistake in the pipeline's code, so it
+        fails the job at once (it was retried as if it might pass, after enqueueing the
+        children before the bad one)."""
+        taken = sorted(set(options) & _OWN_OPTIONS)
+        if taken:
+            raise PipelineDefinitionError(
+                f"{name!r}: {', '.join(taken)} cannot be given: the pipeline sets them itself"
+            )
+        parent = self._ctx.job
+        for index, item in enumerate(inputs):
+            try:
+                self._app.build_job(
+                    task,
+                    item,
+                    tenant=parent.tenant,
+                    parent_id=parent.task_id,
+                    metadata=None if metadata is None else metadata[index],
+                    **options,
+                )
+            except TypeError as exc:  # an option enqueue does not have
+                raise PipelineDefinitionError(f"{name!r}: {exc}") from None
+            except InvalidInputError as exc:
+                raise PipelineDefinitionError(f"{name!r}[{index}]: {exc}") from None
+
     async def _enqueue(
         self,
         name: str,
@@ -295,8 +348,7 @@ class PipelineContext:
                     parent_id=parent.task_id,
                     tenant=parent.tenant,
                     limits=False,  # the pipeline was admitted; its children are its work
-                    # A space: no Idempotency-Key an API client sends can take this one.
-                    idempotency_key=f"{parent.task_id} {name} {index}",
+                    idempotency_key=_child_key(parent.task_id, name, index),
                     metadata=None if metadata is None else metadata[index],
                     **options,
                 )

@@ -508,3 +508,64 @@ async def test_a_step_retry_waits_for_a_retry_after_and_hands_a_long_one_to_the_
 async def _attempts(bb: Backburner, task_id: str, count: int) -> bool:
     job = await bb.get(task_id)
     return len(job.history) >= 1 and job.status == JobStatus.QUEUED and len(job.history) < count
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("unknown_task", "unknown task 'no_such_task'"),
+        ("bad_item", "'squares'[2]:"),
+        ("metadata", "one metadata dict per item"),
+        ("priority", "priority"),
+        ("own_key", "idempotency_key cannot be given"),
+    ],
+)
+async def test_a_mistake_in_a_map_fails_the_pipeline_at_once_with_no_child(
+    bb: Backburner, how: str, says: str
+) -> None:
+    # Each was retried as if it might pass (3 attempts, with backoff), and a bad item came
+    # after its siblings had been enqueued.
+    @bb.task
+    async def add(ctx: JobContext, a: int, b: int) -> int:
+        return a + b
+
+    @bb.pipeline(max_attempts=3)
+    async def sloppy(ctx: Any) -> list[int]:
+        items: list[Any] = [{"a": 1, "b": 1}, {"a": 2, "b": 2}, {"a": 3, "b": 3}]
+        options: dict[str, Any] = {}
+        task: Any = add
+        if how == "unknown_task":
+            task = "no_such_task"
+        elif how == "bad_item":
+            items[2] = {"a": 3}  # no b
+        elif how == "metadata":
+            options["metadata"] = [{}]
+        elif how == "priority":
+            options["priority"] = 1000
+        else:
+            options["idempotency_key"] = "mine"
+        return list(await ctx.map("squares", task, items, **options))
+
+    async with bb, running_worker(bb, concurrency=2):
+        done = await bb.wait((await bb.enqueue("sloppy")).task_id, timeout=30)
+        children = (await bb.list(parent_id=done.task_id)).jobs
+    assert done.status == JobStatus.FAILED and done.attempts == 1
+    assert done.error is not None and done.error.type == "PipelineDefinitionError"
+    assert says in done.error.message, done.error.message
+    assert children == []
+
+
+async def test_a_map_named_with_a_long_name_runs(bb: Backburner) -> None:
+    @bb.task
+    async def echo(ctx: JobContext, n: int) -> int:
+        return n
+
+    name = "https://example.com/" + "very/long/path/" * 30  # a URL as a name: 470 characters
+
+    @bb.pipeline
+    async def crawl(ctx: Any) -> list[int]:
+        return list(await ctx.map(name, echo, [1, 2]))
+
+    async with bb, running_worker(bb, concurrency=2):
+        done = await bb.wait((await bb.enqueue("crawl")).task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED and done.result == [1, 2], done.error
