@@ -30,11 +30,7 @@ class MemoryOutbox:
         if job.webhook_url is None or not job.webhook_progress:
             return False
         for message in self.of_task(job.task_id):
-            unsent = (  # (a claimed one's body may be on its way already)
-                message.status is WebhookStatus.PENDING
-                and message.body is None
-                and message.claim == 0
-            )
+            unsent = message.status is WebhookStatus.PENDING and message.body is None
             if message.event == PROGRESS_EVENT and unsent:
                 return False
         return self.write(job, now, event=PROGRESS_EVENT)

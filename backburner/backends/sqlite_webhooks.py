@@ -181,7 +181,7 @@ class SQLiteWebhooks:
                 return False
             waiting = conn.execute(
                 "SELECT 1 FROM webhooks WHERE task_id = ? AND event = ? AND status = 'pending'"
-                " AND body IS NULL AND claim = 0",
+                " AND body IS NULL",
                 (task_id, PROGRESS_EVENT),
             ).fetchone()
             if waiting is not None:

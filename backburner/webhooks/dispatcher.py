@@ -227,6 +227,8 @@ class WebhookDispatcher:
             next_at=verdict.next_at,
             body=body,
         )
+        if recorded and message.event == PROGRESS_EVENT and message.body is None:
+            await self._after_progress(job)
         if recorded and verdict.status is WebhookStatus.FAILED:
             log.warning(
                 "webhook %s of job %s to %s failed for good: %s",
@@ -240,6 +242,23 @@ class WebhookDispatcher:
                     "event": "webhook_failed",
                 },
             )
+
+    async def _after_progress(self, sent: Job | None) -> None:
+        """A progress message went with the job's progress as it was read for it. One
+        reported while it was on its way was folded into it (at most one unsent progress
+        message a job: a slow receiver gets the latest, not a backlog): if the job has moved
+        on since, another follows with the latest."""
+        if sent is None:
+            return
+        backend = self.app.backend
+        try:
+            now = await backend.get(sent.task_id)
+            if now is None:
+                return
+            if now.status is JobStatus.PROCESSING and now.progress != sent.progress:
+                await backend.add_progress_webhook(now.task_id, now.fence, now=self.app.clock.now())
+        except BackburnerError:  # ended, gone or taken over meanwhile: nothing to follow
+            return
 
     async def attempt(
         self, message: WebhookDelivery, body: str

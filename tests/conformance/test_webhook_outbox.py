@@ -251,14 +251,16 @@ async def test_progress_messages_wait_one_at_a_time_for_jobs_that_opted_in(
     assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 2) is False  # waits
     (message,) = await backend.claim_webhooks(now=T0 + 3, limit=5, lease_s=LEASE)
     assert message.event == "task.progress" and message.created_at == T0 + 1
-    # Claimed, its body may be on its way to a slow receiver already: later progress gets a
-    # message of its own, which then waits unsent (and will say the latest progress).
-    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 4) is True
-    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 4.5) is False
+    # Claimed but with no attempt made yet (waiting for a busy receiver's connection, say):
+    # still unsent, so later progress waits in it too (the dispatcher follows a message that
+    # went with older progress by another: dispatcher.py).
+    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 4) is False
     sent = WebhookAttempt(at=T0 + 4, status_code=204)
     await backend.record_webhook_attempt(
         message.msg_id, message.claim, sent, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
     )
+    # Sent: the next report makes the next message, which waits unsent in its turn.
+    assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 4.5) is True
     assert await backend.add_progress_webhook(job.task_id, fence, now=T0 + 5) is False
     await backend.finish(job.task_id, fence, Complete(result=None), now=T0 + 6)
     events = [m.event for m in await backend.webhook_deliveries(job.task_id)]

@@ -283,6 +283,42 @@ async def test_a_job_that_opts_in_also_sends_its_progress(hooks: Receiver, make:
     assert first.headers["webhook-id"] == requests[0].headers["webhook-id"]
 
 
+async def test_a_slow_receiver_gets_the_latest_progress_not_a_backlog(
+    hooks: Receiver, make: Any
+) -> None:
+    # A message claimed but not yet sent counted as sent: each report made another, and a
+    # slow receiver got 48 of them (23 alike), with the job's end behind them.
+    bb = await make()
+    slow, reported, gate = threading.Event(), asyncio.Event(), asyncio.Event()
+    hooks.state.plan("/slow", *[Answer(204, hold=slow) for _ in range(40)])
+
+    @bb.task(max_attempts=1)
+    async def busy(ctx: Any) -> str:
+        for percent in range(1, 31):
+            await ctx.progress(percent, f"{percent}%")
+            await asyncio.sleep(0.01)
+        reported.set()
+        await gate.wait()
+        return "done"
+
+    try:
+        async with running_worker(bb):
+            job = await bb.enqueue("busy", webhook_url=hooks.url("/slow"), webhook_progress=True)
+            await asyncio.to_thread(hooks.state.wait_for, "/slow", 1)
+            await reported.wait()
+            slow.set()  # the receiver catches up
+            second = await asyncio.to_thread(hooks.state.wait_for, "/slow", 2)
+            gate.set()
+            await delivered(bb, job.task_id)
+    finally:
+        slow.set()
+    bodies = [json.loads(r.body) for r in hooks.state.at("/slow")]
+    progress = [b["progress"]["percent"] for b in bodies if b["type"] == "task.progress"]
+    assert len(progress) == 2, progress  # the one on its way, then the latest
+    assert progress[-1] == 30.0 and json.loads(second[1].body)["progress"]["percent"] == 30.0
+    assert bodies[-1]["type"] == "task.completed"
+
+
 async def test_progress_webhooks_need_a_webhook_url(make: Any) -> None:
     bb = await make()
     with pytest.raises(InvalidInputError, match="webhook_progress needs a webhook_url"):
