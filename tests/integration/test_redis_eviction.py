@@ -5,6 +5,7 @@ BackendError, and still serves reads and deletes."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -17,6 +18,7 @@ from backburner.backends.redis_link import RedisLink
 from backburner.errors import BackendError, JobNotFoundError
 
 from ..chaos.support import RedisServer
+from ..conformance._support import T0, new_job
 from ..helpers import eventually
 from .conftest import noop_app
 
@@ -230,3 +232,22 @@ async def test_a_full_redis_refuses_writes_whole_and_still_serves_reads_and_dele
             running.task_id, fence[running.task_id], Complete("z"), now=now()
         )
         assert done.status == JobStatus.COMPLETED
+
+
+async def test_a_queued_job_whose_hash_is_gone_leaves_the_queue_at_its_claim(
+    engine: RedisBackend, client: Any
+) -> None:
+    # An allkeys policy may evict a queued job's hash: its claim wrote back a hash of a few
+    # fields, processing for good, that no sweep could read (so none ever ended its lease).
+    gone, _ = await engine.enqueue(new_job("noop"))
+    kept, _ = await engine.enqueue(new_job("noop"))
+    p = engine._p
+    await client.delete(p + "j:" + gone.task_id, p + "s:" + gone.task_id)
+    claimed = await engine.claim("w1", limit=10, now=T0, lease_s=60, types=["noop"])
+    assert [job.task_id for job in claimed] == [kept.task_id]
+    assert await client.exists(p + "j:" + gone.task_id) == 0  # not written back
+    assert await client.zcard(p + "r:noop") == 0
+    assert await client.zscore(p + "i:st:processing:noop", gone.task_id) is None
+    assert await client.zscore(p + "leases", gone.task_id) is None
+    stats = await engine.stats(now=T0)
+    assert stats.queued_by_priority == {}  # its count went with it

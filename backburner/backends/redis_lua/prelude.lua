@@ -558,30 +558,39 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     if not ready_out[ty] then ready_out[ty], queued_out[ty], processing_in[ty] = {}, {}, {} end
     table.insert(ready_out[ty], m)
     table.insert(queued_out[ty], id)
-    table.insert(processing_in[ty], seq)
-    table.insert(processing_in[ty], id)
-    table.insert(leases, score)
-    table.insert(leases, id)
-    local pq, tag = string.sub(m, 1, 3), tonumber(string.sub(m, M_TAG, M_SEQ - 1))
-    local top = clocks[ty]
-    if not top then top = {}; clocks[ty] = top end
-    if not top[pq] or tag > top[pq] then top[pq] = tag end
     local f = redis.call('HMGET', j, 'attempts', 'fence', 'priority', '_ev', '_es')
-    local attempt = string.format('%d', (tonumber(f[1]) or 0) + 1)
-    local fence = string.format('%d', (tonumber(f[2]) or 0) + 1)
-    local ev = string.format('%d', (tonumber(f[4]) or 0) + 1) -- the seq of its status event
-    local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
-    if f[5] == '0' then -- no stream: its record stands for its status event
-      cur = cur .. ',"ev":' .. ev
+    if not f[2] then
+      -- Its hash is gone (evicted by an allkeys policy, or deleted by hand): it leaves the
+      -- queue, rather than be written back as a job of a few fields that is processing for
+      -- good (no reader can read it, so no sweep would ever end its lease).
+      redis.log(redis.LOG_WARNING, 'backburner: queued job ' .. id .. ' has no hash; dropped')
+      local priority = string.format('%d', 100 - tonumber(string.sub(m, 1, 3)))
+      prios[priority] = (prios[priority] or 0) + 1
     else
-      event_at(id, ev, 'status',
-        '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
+      table.insert(processing_in[ty], seq)
+      table.insert(processing_in[ty], id)
+      table.insert(leases, score)
+      table.insert(leases, id)
+      local pq, tag = string.sub(m, 1, 3), tonumber(string.sub(m, M_TAG, M_SEQ - 1))
+      local top = clocks[ty]
+      if not top then top = {}; clocks[ty] = top end
+      if not top[pq] or tag > top[pq] then top[pq] = tag end
+      local attempt = string.format('%d', (tonumber(f[1]) or 0) + 1)
+      local fence = string.format('%d', (tonumber(f[2]) or 0) + 1)
+      local ev = string.format('%d', (tonumber(f[4]) or 0) + 1) -- the seq of its status event
+      local cur = '{"attempt":' .. attempt .. ',"worker_id":' .. wjson .. ',"started_at":' .. now
+      if f[5] == '0' then -- no stream: its record stands for its status event
+        cur = cur .. ',"ev":' .. ev
+      else
+        event_at(id, ev, 'status',
+          '{"status":"processing","attempt":' .. attempt .. ',"worker_id":' .. wjson .. '}', now)
+      end
+      redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt, 'fence', fence,
+        'worker_id', wjson, 'lease_expires_at', lease, 'started_at', now, '_cur', cur, '_ev', ev)
+      local priority = f[3] or string.format('%d', 100 - tonumber(pq))
+      prios[priority] = (prios[priority] or 0) + 1
+      out[#out + 1] = read_job(id, {'"processing"', attempt, fence, wjson, lease, now, cur})
     end
-    redis.call('HSET', j, 'status', '"processing"', 'attempts', attempt, 'fence', fence,
-      'worker_id', wjson, 'lease_expires_at', lease, 'started_at', now, '_cur', cur, '_ev', ev)
-    local priority = f[3] or string.format('%d', 100 - tonumber(pq))
-    prios[priority] = (prios[priority] or 0) + 1
-    out[#out + 1] = read_job(id, {'"processing"', attempt, fence, wjson, lease, now, cur})
   end
   in_chunks('ZADD', LEASES, leases)
   for ty, members in pairs(ready_out) do
