@@ -277,7 +277,7 @@ class Worker:
     async def _claim_loop(self, stop_waiter: asyncio.Task[Any]) -> None:
         settings = self.settings
         types = self._types = sorted(self.app.tasks)
-        failures = 0
+        failures = waits_failed = 0
         # Claims sent before the jobs of the claim that came back before them were started:
         # that one was full, so the queue likely holds more. Redis runs them while this process
         # starts those jobs, where one claim at a time left each side idle while the other
@@ -332,7 +332,16 @@ class Worker:
                         lease_s=settings.lease_s,
                         on_handed=self._take,
                     )
-                    for job in await self._until_stopping(wait, stop_waiter) or ():
+                    handed = await self._until_stopping(wait, stop_waiter)
+                    if handed is None and not self._stopping.is_set():
+                        # It failed (logged): a claim that works and a wait that does not (a
+                        # full Redis refuses the idle registration) looped without a pause.
+                        waits_failed += 1
+                        delay = claim_backoff(waits_failed)
+                        await self._until_stopping(asyncio.sleep(delay), stop_waiter)
+                        continue
+                    waits_failed = 0
+                    for job in handed or ():
                         self._take(job)
         except asyncio.CancelledError:
             self._stop_now()

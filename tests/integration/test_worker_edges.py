@@ -597,3 +597,38 @@ async def test_a_sweeper_that_dead_letters_a_job_logs_it(
     assert report.failed == 1
     [dead] = _said(caplog, f"job {job.task_id} failed for good (lease_expired)")
     assert (dead.levelno, getattr(dead, "event", None)) == (logging.WARNING, "dead_lettered")
+
+
+class _IdleWaitRefused:
+    """Claims work (and find nothing); every wait for jobs fails, as a full Redis refuses
+    the idle registration of a worker that found nothing."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.waits = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def wait_for_jobs(self, **kw: Any) -> list[Job]:
+        self.waits += 1
+        raise BackendError("OOM command not allowed when used memory > 'maxmemory'")
+
+
+async def test_a_wait_for_work_that_fails_backs_off(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A claim that worked and a wait that did not looped with no pause: 18 warnings a second.
+    store = _IdleWaitRefused(backend)
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)  # type: ignore[arg-type]
+
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    async with running_worker(bb):
+        await eventually(lambda: store.waits >= 3, timeout=20, message="three waits")
+        waits = store.waits
+        await asyncio.sleep(1.0)  # a spin would wait thousands of times in a second
+        assert store.waits - waits <= 5, store.waits - waits
+    assert "waiting for work failed" in caplog.text
