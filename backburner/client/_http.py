@@ -92,8 +92,19 @@ def _options(**values: Any) -> dict[str, Any]:
 
 
 def _keyed(path: str, body: dict[str, Any], key: str | None) -> Call:
+    """A submission: its body checked here, as the API would (an InvalidInputError, not a
+    TypeError from deep in httpx, nor NaN sent as JSON it is not), under ``key``."""
+    try:
+        json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInputError(f"the request cannot be sent as JSON: {exc}") from None
     generated = key is None
-    key = uuid.uuid4().hex if key is None else key
+    if key is None:
+        key = uuid.uuid4().hex
+    elif not (
+        isinstance(key, str) and 1 <= len(key) <= 255 and key.isascii() and key.isprintable()
+    ):
+        raise InvalidInputError("idempotency_key must be 1 to 255 printable ASCII characters")
     return Call(
         "POST", path, json=body, headers={"Idempotency-Key": key}, key=key, key_generated=generated
     )

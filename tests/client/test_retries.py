@@ -339,3 +339,20 @@ def test_no_error_shows_the_api_key_or_the_urls_password(
         down.get("task_abc")
     down.close()
     assert "s3cret" not in str(failed.value) and "api.test" in str(failed.value)
+
+
+def test_what_cannot_be_sent_is_an_invalid_input_error_and_nothing_is_sent(
+    scripted: Any,
+) -> None:
+    # A set or NaN in the input was a TypeError from httpx, or JSON the API cannot read; a
+    # newline in the key was reported as "could not reach the API".
+    client, script = scripted()
+    for odd in ({"x": {1, 2}}, {"x": float("nan")}, {"x": object()}):
+        with pytest.raises(InvalidInputError, match="cannot be sent as JSON"):
+            client.submit("echo", odd)
+    for key in ("a\nb", "ключ", "", "k" * 256):
+        with pytest.raises(InvalidInputError, match="idempotency_key"):
+            client.submit("echo", {}, idempotency_key=key)
+    with pytest.raises(InvalidInputError, match="cannot be sent as JSON"):
+        client.submit_batch([{"custom_id": "a", "prompt": "x", "metadata": {1}}])
+    assert script.requests == []
