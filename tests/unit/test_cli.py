@@ -208,21 +208,27 @@ def test_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert "pip install 'backburner[local]'" in stdout and "--models FILE" in stdout
 
 
+def _serve_workerapp(tmp_path: Path, *, grace_s: float) -> tuple[subprocess.Popen[str], str, str]:
+    """``backburner serve tests.workerapp:bb`` on a free port with a shutdown grace of
+    ``grace_s``: the process, its base URL and its backend URL."""
+    port, db = _free_port(), f"sqlite:///{tmp_path}/serve.db"
+    argv = [sys.executable, "-m", "backburner", "serve", "tests.workerapp:bb", "--port", str(port)]
+    env = {**os.environ, "BACKBURNER_BACKEND_URL": db, "BACKBURNER_SHUTDOWN_GRACE_S": str(grace_s)}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return proc, f"http://127.0.0.1:{port}", db
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_to_serve_hands_running_jobs_back_at_once(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
     # uvicorn takes the signals: the embedded worker heard neither, and ran out its grace.
-    port, db = _free_port(), f"sqlite:///{tmp_path}/serve.db"
-    argv = [sys.executable, "-m", "backburner", "serve", "tests.workerapp:bb", "--port", str(port)]
-    env = {**os.environ, "BACKBURNER_BACKEND_URL": db, "BACKBURNER_SHUTDOWN_GRACE_S": "60"}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base, db = _serve_workerapp(tmp_path, grace_s=60)
     try:
-        ready = _wait_until_serving(proc, port)
+        ready = _wait_until_serving(proc, int(base.rsplit(":", 1)[1]))
         body = {"type": "sleepy", "input": {"seconds": 300}}
         task_id = httpx.post(f"{base}/v1/tasks", json=body).json()["task_id"]
         while httpx.get(f"{base}/v1/tasks/{task_id}").json()["status"] != "processing":
@@ -255,14 +261,8 @@ def test_a_second_signal_to_serve_hands_running_jobs_back_at_once(
 
 def test_a_signal_ends_open_event_streams_at_once_so_shutdown_is_clean(tmp_path: Path) -> None:
     # uvicorn waited 5 s for them, then cut each with an ERROR traceback.
-    port, db = _free_port(), f"sqlite:///{tmp_path}/serve.db"
-    argv = [sys.executable, "-m", "backburner", "serve", "tests.workerapp:bb", "--port", str(port)]
-    env = {**os.environ, "BACKBURNER_BACKEND_URL": db, "BACKBURNER_SHUTDOWN_GRACE_S": "1"}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base, _ = _serve_workerapp(tmp_path, grace_s=1)
+    port = int(base.rsplit(":", 1)[1])
     lines: list[str] = []
     try:
         _wait_until_serving(proc, port)
