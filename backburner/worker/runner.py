@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("backburner.worker")
 
+DUTY_LOG_EVERY = 100
+"""A background duty failing again and again (its backend down) is logged at its first
+failure and every this many after: the cancel poll alone runs 4 times a second."""
 CLAIMS_AHEAD = 2
 """Claims a worker sends ahead while it starts the jobs of a full one (see _claim_loop)."""
 
@@ -515,14 +518,22 @@ class Worker:
     # -- background duties -------------------------------------------------------------------
 
     async def _every(self, interval: float, duty: Callable[[], Awaitable[None]]) -> None:
+        failed = 0  # in a row: a backend that is down is said once a streak, then now and then
         while True:
             await asyncio.sleep(interval)
             try:
                 await duty()
             except BackburnerError as exc:
-                log.warning("%s failed: %s", duty.__name__, exc)
+                failed += 1
+                if failed == 1 or failed % DUTY_LOG_EVERY == 0:
+                    log.warning("%s failed (%d in a row): %s", duty.__name__, failed, exc)
+                continue
             except Exception:
                 log.exception("%s failed", duty.__name__)
+                continue
+            if failed:
+                log.info("%s works again after %d failures", duty.__name__, failed)
+                failed = 0
 
     async def _heartbeat(self) -> None:
         issued = time.monotonic()

@@ -632,3 +632,36 @@ async def test_a_wait_for_work_that_fails_backs_off(
         await asyncio.sleep(1.0)  # a spin would wait thousands of times in a second
         assert store.waits - waits <= 5, store.waits - waits
     assert "waiting for work failed" in caplog.text
+
+
+class _CancelPollDown:
+    """A backend whose cancel poll always fails, as while Redis is down."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.polls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def poll_cancellations(self, worker_id: str) -> dict[str, int]:
+        self.polls += 1
+        raise BackendError("Redis at 127.0.0.1:6379: Connection refused")
+
+
+async def test_a_duty_that_keeps_failing_is_logged_once_a_streak_not_each_time(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    # While Redis was down each worker logged about ten warnings a second.
+    store = _CancelPollDown(backend)
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)  # type: ignore[arg-type]
+
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    with caplog.at_level(logging.WARNING, logger="backburner.worker"):
+        async with running_worker(bb):
+            await eventually(lambda: store.polls >= 30, timeout=20, message="30 polls")
+    said = [r for r in caplog.records if "_poll_cancels failed" in r.getMessage()]
+    assert len(said) == 1 and "(1 in a row)" in said[0].getMessage()
