@@ -42,6 +42,8 @@ CHILDREN_EVENT = "children"
 """``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
 PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
 _SPAWN_CHUNK = 100
+QUIET_POLL_CAP_S = 60.0
+"""The longest a parked pipeline waits between looks at children in which nothing changed."""
 
 
 _OWN_OPTIONS = frozenset({"idempotency_key", "parent_id", "tenant", "limits"})
@@ -278,11 +280,12 @@ class PipelineContext:
         if open_:
             percent = round(100.0 * done / max(1, len(ids)), 2)
             message = f"{name}: {done}/{len(ids)} children done"
-            if self._ctx.job.progress.message != message:  # an event when something changed
+            changed = self._ctx.job.progress.message != message
+            if changed:  # an event when something changed
                 await self._ctx.emit(CHILDREN_EVENT, {"name": name, "total": len(ids), **counts})
                 await self._ctx.progress(percent, message)
             self.parked = f"waiting for {open_} children of {name!r}"
-            raise WaitForChildren(self.parked, after=self._app.settings.pipeline_poll_s)
+            raise WaitForChildren(self.parked, after=self._next_poll(changed))
         if self._ctx.job.progress.message is not None:  # it reported waiting: say it's over
             await self._ctx.progress(100.0, f"{name}: {len(ids)}/{len(ids)} children done")
         results: list[Any] = []
@@ -295,6 +298,23 @@ class PipelineContext:
             results.append(None)
         await self._record(name, results)
         return results
+
+    def _next_poll(self, changed: bool) -> float:
+        """When to look at the children again if none wakes it first: ``pipeline_poll_s``
+        after a look that found something new, else twice as long as the last (at most a
+        minute, or the poll if longer). Each look is a run with an attempt record and two
+        events: a day's wait on children that take their time made 17,000 of them."""
+        poll = self._app.settings.pipeline_poll_s
+        if changed:
+            return poll
+        quiet = 0
+        for record in reversed(self._ctx.job.history):
+            if record.outcome is None:
+                continue  # (this run's own, still open)
+            if record.outcome != "waiting":
+                break
+            quiet += 1
+        return float(min(max(poll, QUIET_POLL_CAP_S), poll * 2 ** min(quiet, 16)))
 
     def _check_children(
         self,

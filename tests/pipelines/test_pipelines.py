@@ -4,6 +4,7 @@ slot, the parent's progress, cancel and failure going both ways, rules of step n
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -569,3 +570,31 @@ async def test_a_map_named_with_a_long_name_runs(bb: Backburner) -> None:
     async with bb, running_worker(bb, concurrency=2):
         done = await bb.wait((await bb.enqueue("crawl")).task_id, timeout=30)
     assert done.status == JobStatus.COMPLETED and done.result == [1, 2], done.error
+
+
+async def test_a_pipeline_whose_children_change_nothing_looks_less_and_less_often(
+    bb: Backburner,
+) -> None:
+    # Each look is a run with its own attempt record: a day on slow children made 17,000.
+    bb.settings = bb.settings.replace(pipeline_poll_s=0.1)
+    gate = asyncio.Event()
+    looks: list[float] = []
+
+    @bb.task
+    async def slow(ctx: JobContext, n: int) -> int:
+        await gate.wait()
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        looks.append(asyncio.get_running_loop().time())
+        return list(await ctx.map("slow", slow, [1, 2]))
+
+    async with bb, running_worker(bb, concurrency=4):
+        job = await bb.enqueue("parent")
+        await eventually(lambda: len(looks) >= 5, timeout=20, message="five looks")
+        gate.set()
+        done = await bb.wait(job.task_id, timeout=20)
+    assert done.status == JobStatus.COMPLETED and done.result == [1, 2]
+    gaps = [b - a for a, b in itertools.pairwise(looks[:5])]
+    assert gaps[3] >= 0.5, gaps  # 0.1, 0.2, 0.4, 0.8: not 0.1 each time
