@@ -33,7 +33,7 @@ __all__ = [
 
 async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
     """The pipeline's ``step`` and ``spawned`` events so far, in order: (kind, (name, value,
-    began))."""
+    within))."""
     found: list[tuple[str, tuple[str, Any, Any]]] = []
     after = 0
     while True:
@@ -41,9 +41,9 @@ async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
         for event in events:
             if event.type in PIPELINE_EVENTS and isinstance(event.data, dict):
                 value = event.data.get("result" if event.type == "step" else "children")
-                name, began = event.data.get("name"), event.data.get("began")
+                name, within = event.data.get("name"), event.data.get("within")
                 if isinstance(name, str):
-                    found.append((event.type, (name, value, began)))
+                    found.append((event.type, (name, value, within)))
         if len(events) < 1000:
             return found
         after = events[-1].seq

@@ -33,11 +33,11 @@ if TYPE_CHECKING:
     from ..context import JobContext
 
 STEP_EVENT = "step"
-"""``{"name", "result", "began"}``: a step's stored result (a map's: its children's results);
-``began``: its place among the steps of a run, in the order they began (events written
-before it existed have none)."""
+"""``{"name", "result", "within"}``: a step's stored result (a map's: its children's results);
+``within``: the step it was called in (null: none; events written before it existed have no
+such member)."""
 SPAWN_EVENT = "spawned"
-"""``{"name", "children", "began"}``: the ids of the children a map or spawn enqueued."""
+"""``{"name", "children", "within"}``: the ids of the children a map or spawn enqueued."""
 CHILDREN_EVENT = "children"
 """``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
 PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
@@ -82,25 +82,22 @@ class PipelineContext:
         self._app = app
         self._results: dict[str, Any] = {}
         self._spawned: dict[str, list[str]] = {}
-        for kind, (name, value, _) in recorded:
+        self._earlier: dict[str, str | None] = {}
+        """Each step of earlier runs, in the order they were recorded, and the step it was
+        called in (a step's own record comes when it ends, after those of its steps)."""
+        for kind, (name, value, within) in recorded:
             if kind == STEP_EVENT:
                 self._results[name] = value
             else:
                 self._spawned[name] = value
-        self._order: dict[int, str] = {}
-        """The step that began at each place of earlier runs (0: first), by their events'
-        ``began`` (a step nested in another ends first, but began after it, and a step that
-        never ended took a place too); for events written before ``began`` was, the order
-        they were written (a step's when it ended, a map's when it spawned its children)."""
-        if all(isinstance(b, int) for _, (_, _, b) in recorded):
-            for _, (name, _, place) in recorded:
-                self._order.setdefault(place, name)
-        else:
-            for _, (name, _, _) in recorded:
-                if name not in self._order.values():
-                    self._order[len(self._order)] = name
+            self._earlier.setdefault(name, within if isinstance(within, str) else None)
         self._seen: list[str] = []
-        self._began: dict[str, int] = {}
+        self._running: list[str] = []
+        """The steps running now, innermost last: a step begun meanwhile is within the last."""
+        self._within: dict[str, str | None] = {}
+        self._covered: set[str] = set()
+        """Earlier steps that this run will not call again: they ran within a step whose
+        stored result this run took instead."""
         self.parked: str | None = None
         """Why this run parked (a map's children still run); nothing may follow it."""
 
@@ -131,17 +128,42 @@ class PipelineContext:
             raise PipelineDefinitionError(
                 f"step name {name!r} is used twice in one run; step names must be unique"
             )
-        index = len(self._seen)
         self._seen.append(name)
-        self._began[name] = index
-        before = self._order.get(index)
-        if name not in self._results and name not in self._spawned and before not in (None, name):
+        self._within[name] = self._running[-1] if self._running else None
+        if name in self._results or name in self._spawned:
+            return
+        # A step new to this run comes after every step of earlier runs, in a deterministic
+        # pipeline: one not called yet (nor within a step whose result was taken, nor within
+        # this one or one running now, which call it next) says the order has changed.
+        around = {name, *self._running}
+        seen = set(self._seen)
+        for earlier in self._earlier:
+            if earlier in seen or earlier in self._covered or self._inside(earlier, around):
+                continue
             raise PipelineDefinitionError(
-                f"step {index + 1} is {name!r} in this run but was {before!r} before:"
-                " a pipeline must call its steps in the same order every run, one after"
-                " another (make step names and the code that chooses them deterministic; run"
-                " work in parallel with ctx.map)"
+                f"step {name!r} is new in this run, but {earlier!r} ran before it in an"
+                " earlier run and has not run in this one: a pipeline must call its"
+                " steps in the same order every run, one after another (make step"
+                " names and the code that chooses them deterministic; run work in"
+                " parallel with ctx.map)"
             )
+
+    def _inside(self, name: str, steps: set[str]) -> bool:
+        """Whether the earlier step ``name`` was called within one of ``steps``, at any depth."""
+        within, passed = self._earlier.get(name), {name}
+        while within is not None and within not in passed:  # (a loop: a damaged log)
+            if within in steps:
+                return True
+            passed.add(within)
+            within = self._earlier.get(within)
+        return False
+
+    def _cover(self, name: str) -> None:
+        """This run takes the stored result of step ``name``: the steps within it, at any
+        depth, are not called again."""
+        for earlier in self._earlier:
+            if self._inside(earlier, {name}):
+                self._covered.add(earlier)
 
     async def step(
         self,
@@ -155,14 +177,35 @@ class PipelineContext:
         every later run of the pipeline gets the stored result without running it."""
         self._begin(name)
         if name in self._results:
+            self._cover(name)
             return self._results[name]
-        policy = retry or StepRetry()
+        self._running.append(name)
+        try:
+            value = await self._run_step(name, fn, args, kwargs, retry or StepRetry())
+        finally:
+            self._running.pop()
+        try:
+            result = round_trip(value, f"the result of step {name!r}")
+        except InvalidInputError as exc:
+            raise InvalidResultError(str(exc)) from None
+        await self._record(name, result)
+        return result
+
+    async def _run_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: StepRetry,
+    ) -> Any:
+        """``fn``'s value, retried in place as ``policy`` says."""
         for attempt in range(1, policy.attempts + 1):
             try:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):
                     value = await value
-                break
+                return value
             except (PermanentError, Suspend):
                 raise
             except Exception as exc:
@@ -173,12 +216,7 @@ class PipelineContext:
                 if asked is not None and asked > policy.cap_s:
                     raise  # a long wait is the job's: parked, not holding a worker slot
                 await asyncio.sleep(max(delay, asked or 0.0))
-        try:
-            result = round_trip(value, f"the result of step {name!r}")
-        except InvalidInputError as exc:
-            raise InvalidResultError(str(exc)) from None
-        await self._record(name, result)
-        return result
+        raise AssertionError("a step ran out of attempts without raising")  # pragma: no cover
 
     async def _record(self, name: str, result: Any) -> None:
         """Store a step's (or a map's) result as its ``step`` event. One that cannot be stored
@@ -188,7 +226,7 @@ class PipelineContext:
                 self.job_id,
                 self._ctx.fence,
                 STEP_EVENT,
-                {"name": name, "result": result, "began": self._began[name]},
+                {"name": name, "result": result, "within": self._within.get(name)},
                 now=self._ctx.clock.now(),
             )
         except InvalidInputError as exc:
@@ -386,7 +424,7 @@ class PipelineContext:
             self.job_id,
             self._ctx.fence,
             SPAWN_EVENT,
-            {"name": name, "children": ids, "began": self._began[name]},
+            {"name": name, "children": ids, "within": self._within.get(name)},
             now=self._ctx.clock.now(),
         )
         self._spawned[name] = ids
