@@ -549,7 +549,9 @@ class Backend(Protocol):
         ``next_at``), if the message is still pending under ``claim`` (the number its
         claim_webhooks handed out); else change nothing and return False (a dispatcher whose
         lease ended, or a redelivery, got there first, or the message is gone). Counts the
-        try; the first attempt fixes ``body``."""
+        try; the first attempt fixes ``body``. A terminal job whose pending message is due
+        after its expiry (a receiver's long Retry-After) is kept until outbox.WEBHOOK_KEEP_S past
+        that: its message would go with it, never sent and counted nowhere."""
         ...
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import InvalidInputError, InvalidTransitionError, JobNotFoundError
 from ..models import PROGRESS_EVENT, Job, WebhookAttempt, WebhookDelivery, WebhookStatus
-from .outbox import new_message
+from .outbox import WEBHOOK_KEEP_S, new_message
 
 
 class MemoryOutbox:
@@ -165,9 +165,17 @@ class MemoryWebhooks:
         next_at: float | None,
         body: str,
     ) -> bool:
-        return self._outbox.record(
+        recorded = self._outbox.record(
             msg_id, claim, attempt, status=status, next_at=next_at, body=body
         )
+        message = self._outbox._messages.get(msg_id)
+        if recorded and message is not None and status is WebhookStatus.PENDING and next_at:
+            stored = self._jobs.get(message.task_id)
+            keep = next_at + WEBHOOK_KEEP_S
+            expires = None if stored is None else stored.job.expires_at
+            if stored is not None and expires is not None and expires < keep:
+                stored.job = stored.job.model_copy(update={"expires_at": keep})
+        return recorded
 
     async def webhook_deliveries(self, task_id: str) -> list[WebhookDelivery]:
         if task_id not in self._jobs:

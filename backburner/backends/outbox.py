@@ -5,6 +5,10 @@ from __future__ import annotations
 from ..models import WEBHOOK_EVENTS, Job, JobStatus, WebhookDelivery, WebhookStatus
 from .base import uuid4_hex
 
+WEBHOOK_KEEP_S = 3600.0
+"""How long past a pending webhook message's next attempt its job is kept at least (as the
+Redis script record_webhook_attempt.lua keeps it too)."""
+
 
 def new_msg_id() -> str:
     """A webhook message id: ``msg_`` and a uuid4's 32 hex digits (122 random bits)."""

@@ -22,7 +22,7 @@ from ..models import (
     WebhookDelivery,
     WebhookStatus,
 )
-from .outbox import new_message, new_msg_id
+from .outbox import WEBHOOK_KEEP_S, new_message, new_msg_id
 from .sqlite_executor import SQLiteExecutor
 from .sqlite_schema import COLUMNS, row_to_job
 
@@ -125,6 +125,13 @@ class SQLiteWebhooks:
                 " tries = tries + 1 WHERE msg_id = ? AND status = 'pending' AND claim = ?",
                 (status.value, due, body, attempt.model_dump_json(), settled, msg_id, claim),
             )
+            if done.rowcount == 1 and due is not None:  # (its job outlives its next try)
+                conn.execute(
+                    "UPDATE jobs SET expires_at = :keep WHERE task_id ="
+                    " (SELECT task_id FROM webhooks WHERE msg_id = :msg)"
+                    " AND expires_at IS NOT NULL AND expires_at < :keep",
+                    {"keep": due + WEBHOOK_KEEP_S, "msg": msg_id},
+                )
             return done.rowcount == 1
 
         return await self._executor.run(op)

@@ -198,6 +198,36 @@ async def test_a_redelivered_message_keeps_its_job_until_its_new_schedule_ends(
         await backend.webhook_deliveries(task_id)
 
 
+async def test_a_message_due_after_its_jobs_expiry_keeps_the_job(backend: Backend) -> None:
+    # A receiver's Retry-After of a day outlasted the job (kept ~31 h): the message went with
+    # it, never sent and counted nowhere.
+    task_id, fence = await running(backend)
+    await backend.finish(task_id, fence, Complete(result=None), now=T0 + 1)
+    expires = (await backend.get(task_id)).expires_at
+    assert expires is not None
+    (message,) = await backend.claim_webhooks(now=T0 + 1, limit=1, lease_s=LEASE)
+    busy = WebhookAttempt(at=T0 + 2, status_code=503, error="HTTP 503")
+    later = expires + 50_000
+    assert await backend.record_webhook_attempt(
+        message.msg_id, message.claim, busy, status=WebhookStatus.PENDING, next_at=later, body="{}"
+    )
+    assert (await backend.get(task_id)).expires_at == later + 3600
+    assert await backend.purge_expired(now=later, limit=10) == 0
+    (due,) = await backend.claim_webhooks(now=later, limit=1, lease_s=LEASE)
+    assert due.msg_id == message.msg_id
+    soon = WebhookAttempt(at=later + 1, status_code=503, error="HTTP 503")
+    assert await backend.record_webhook_attempt(  # an hour past the next try, at least
+        due.msg_id, due.claim, soon, status=WebhookStatus.PENDING, next_at=later + 5, body="{}"
+    )
+    assert (await backend.get(task_id)).expires_at == later + 5 + 3600
+    (again,) = await backend.claim_webhooks(now=later + 5, limit=1, lease_s=LEASE)
+    sent = WebhookAttempt(at=later + 6, status_code=204)
+    assert await backend.record_webhook_attempt(  # settled: its job's expiry stays as it is
+        again.msg_id, again.claim, sent, status=WebhookStatus.DELIVERED, next_at=None, body="{}"
+    )
+    assert (await backend.get(task_id)).expires_at == later + 5 + 3600
+
+
 async def test_redeliver_refuses_jobs_without_a_message(backend: Backend) -> None:
     with pytest.raises(JobNotFoundError):
         await backend.redeliver_webhook("task_" + "0" * 32, now=T0)

@@ -484,6 +484,18 @@ local function make_terminal(id, ik, expires, now, expires_at)
   return ttl
 end
 
+-- Keep terminal job id (and its webhook messages) until keep (a number) at least: its expiry
+-- moves later, never earlier. now: the caller's time, as text. A job not terminal has no
+-- expiry yet: nothing to do.
+local function keep_job_until(id, keep, now)
+  local expires = tonumber(redis.call('HGET', jkey(id), 'expires_at'))
+  if not keep or not expires or expires >= keep then return end
+  local text = num(keep)
+  redis.call('HSET', jkey(id), 'expires_at', text)
+  local ik = redis.call('HGET', jkey(id), '_ik')
+  expire_webhooks(id, make_terminal(id, ik, keep, now, text))
+end
+
 local FORGET_FIELDS = {'_ty', 'status', '_ik', 'worker_id', 'tenant', 'parent_id'}
 local function forget(id, fields)
   -- fields: HMGET of FORGET_FIELDS

@@ -4,7 +4,8 @@
 -- with it): a message deleted meanwhile (with its job), settled, claimed again after the lease
 -- ended, or redelivered is left as it is, and 0 returned; else 1. An applied attempt counts a
 -- try; the first one fixes the body. A settled message goes into WH_DELIVERED or WH_FAILED,
--- scored by the attempt's time.
+-- scored by the attempt's time. A pending one's job is kept until an hour past its next
+-- attempt at least (outbox.WEBHOOK_KEEP_S): a long Retry-After would outlast it.
 local msg, status = ARGV[2], ARGV[5]
 local m = whk(msg)
 local f = redis.call('HMGET', m, 'status', 'claim', 'attempts', 'body')
@@ -19,6 +20,8 @@ if status == '"pending"' then
   redis.call('ZADD', WH_DUE, ARGV[6], msg)
   redis.call('ZREM', WH_DELIVERED, msg)
   redis.call('ZREM', WH_FAILED, msg)
+  local id = json_string(redis.call('HGET', m, 'task_id'))
+  if id then keep_job_until(id, tonumber(ARGV[6]) + 3600, ARGV[8]) end
 else
   redis.call('HDEL', m, 'next_at')
   redis.call('ZREM', WH_DUE, msg)

@@ -11,11 +11,5 @@ redis.call('HINCRBY', whk(msg), 'claim', 1)
 redis.call('ZADD', WH_DUE, now, msg)
 redis.call('ZREM', WH_DELIVERED, msg)
 redis.call('ZREM', WH_FAILED, msg)
-local expires = tonumber(redis.call('HGET', jkey(id), 'expires_at'))
-if keep and expires and expires < keep then
-  local text = num(keep)
-  redis.call('HSET', jkey(id), 'expires_at', text)
-  local ik = redis.call('HGET', jkey(id), '_ik')
-  expire_webhooks(id, make_terminal(id, ik, keep, now, text))
-end
+keep_job_until(id, keep, now)
 return {'ok', read_webhook(msg)}
