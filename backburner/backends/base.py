@@ -349,10 +349,6 @@ class Backend(Protocol):
         asks of its parent, whose whole record (a batch's 10,000 inputs) ``get`` would read."""
         ...
 
-    async def job_type(self, task_id: str) -> str | None:
-        """The job's task type alone, or None if it does not exist (as ``job_status``)."""
-        ...
-
     async def list_jobs(
         self,
         *,

@@ -194,10 +194,6 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         stored = self._jobs.get(task_id)
         return None if stored is None else stored.job.status
 
-    async def job_type(self, task_id: str) -> str | None:
-        stored = self._jobs.get(task_id)
-        return None if stored is None else stored.job.type
-
     async def list_jobs(
         self,
         *,

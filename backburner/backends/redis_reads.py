@@ -92,10 +92,6 @@ class RedisReads:
         except ValueError:
             raise CorruptRecordError(task_id, f"status: {text(status)[:40]!r}") from None
 
-    async def job_type(self, task_id: str) -> str | None:
-        found = await self._read("HGET", self._p + "j:" + task_id, "_ty")  # (the name itself)
-        return None if found is None else text(found)
-
     async def list_jobs(
         self,
         *,

@@ -246,13 +246,6 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
 
         return await self._executor.run(op, write=False)
 
-    async def job_type(self, task_id: str) -> str | None:
-        def op(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute("SELECT type FROM jobs WHERE task_id = ?", (task_id,)).fetchone()
-            return None if row is None else str(row[0])
-
-        return await self._executor.run(op, write=False)
-
     async def events(self, task_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
         def op(conn: sqlite3.Connection) -> list[Event]:
             rows = conn.execute(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PipelineDefinitionError
 from ..hooks import Hooks
 from ..models import Job, JobStatus
-from .context import PIPELINE_EVENTS, PipelineContext, StepRetry
+from .context import PARTIAL_KEY_END, PIPELINE_EVENTS, PipelineContext, StepRetry
 
 WAKE_RETRIES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 0.0)
 """The pauses while a failed child's parent is still running (3 s in all; the last look
@@ -122,8 +122,9 @@ class ParentWaker(Hooks):
         if parent is None:
             return
         backend = self.app.backend
-        if failed and await self._fails_with(parent):
-            # At once, not at its next poll: it fails now, and its siblings' work stops.
+        if failed and not (job.idempotency_key or "").endswith(PARTIAL_KEY_END):
+            # At once, not at its next poll: it fails now, and its siblings' work stops. (A
+            # partial map's child's failure is one of its results: no one waits on it.)
             await self._wake_when_parked(parent)
             return
         if not await backend.has_open_children(parent):
@@ -143,14 +144,6 @@ class ParentWaker(Hooks):
                 await backend.wake(parent, now=clock.now())
                 return
             await asyncio.sleep(pause)
-
-    async def _fails_with(self, parent: str) -> bool:
-        """Whether a child's failure may end its parent: not the built-in batch's (a failed
-        request is one of its results), which is not woken for each of 10,000 failures."""
-        from ..builtin import BATCH, is_builtin
-
-        kind = await self.app.backend.job_type(parent)
-        return not (kind == BATCH and is_builtin(self.app, BATCH))
 
     async def on_start(self, job: Job) -> None:
         if job.parent_id is None:

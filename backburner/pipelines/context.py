@@ -50,15 +50,21 @@ _OWN_OPTIONS = frozenset({"idempotency_key", "parent_id", "tenant", "limits"})
 """Options of enqueue that a pipeline sets for each child itself."""
 
 
-def _child_key(parent_id: str, name: str, index: int) -> str:
+PARTIAL_KEY_END = " partial"
+"""How the idempotency key of a child of a ``partial=True`` map ends (any other child's ends
+in its index): its failure is one of the map's results, and need not wake its parent."""
+
+
+def _child_key(parent_id: str, name: str, index: int, *, partial: bool = False) -> str:
     """The idempotency key of a child: the same in every run, so a run that enqueues again
     finds the children an earlier one did. A space: no Idempotency-Key an API client sends
     can take it. A name too long for a key (at most 255 characters) goes in as a digest."""
-    key = f"{parent_id} {name} {index}"
+    end = PARTIAL_KEY_END if partial else ""
+    key = f"{parent_id} {name} {index}{end}"
     if len(key) <= 255:
         return key
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{parent_id} #{digest} {index}"
+    return f"{parent_id} #{digest} {index}{end}"
 
 
 class StepRetry:
@@ -293,7 +299,9 @@ class PipelineContext:
         ids = self._spawned.get(name)
         if ids is None:
             self._check_children(name, _task_name(task), inputs, metadata, options)
-            ids = await self._enqueue(name, _task_name(task), inputs, metadata, options)
+            ids = await self._enqueue(
+                name, _task_name(task), inputs, metadata, options, partial=partial
+            )
         children = await self._read(ids, name, partial=partial)
         counts = {s.value: 0 for s in JobStatus}
         for child in children:
@@ -394,6 +402,8 @@ class PipelineContext:
         inputs: list[dict[str, Any]],
         metadata: list[dict[str, Any]] | None,
         options: dict[str, Any],
+        *,
+        partial: bool,
     ) -> list[str]:
         parent = self._ctx.job
         ids: list[str] = []
@@ -406,7 +416,7 @@ class PipelineContext:
                     parent_id=parent.task_id,
                     tenant=parent.tenant,
                     limits=False,  # the pipeline was admitted; its children are its work
-                    idempotency_key=_child_key(parent.task_id, name, index),
+                    idempotency_key=_child_key(parent.task_id, name, index, partial=partial),
                     metadata=None if metadata is None else metadata[index],
                     **options,
                 )

@@ -53,5 +53,3 @@ async def test_job_status_reads_the_status_alone(backend: Backend, status: JobSt
     job = await drive(backend, status)
     assert await backend.job_status(job.task_id) == status
     assert await backend.job_status("task_" + "0" * 32) is None
-    assert await backend.job_type(job.task_id) == job.type
-    assert await backend.job_type("task_" + "0" * 32) is None

@@ -611,3 +611,29 @@ async def test_a_pipeline_whose_children_change_nothing_looks_less_and_less_ofte
     assert done.status == JobStatus.COMPLETED and done.result == [1, 2]
     gaps = [b - a for a, b in itertools.pairwise(looks[:5])]
     assert gaps[3] >= 0.5, gaps  # 0.1, 0.2, 0.4, 0.8: not 0.1 each time
+
+
+async def test_failing_children_of_a_partial_map_do_not_wake_their_parent_each(
+    bb: Backburner,
+) -> None:
+    # After review: each failure woke the parent, which read every child: 101 runs for 200
+    # children, half of them failing, against 2.
+    bb.settings = bb.settings.replace(pipeline_poll_s=300.0)
+    runs: list[int] = []
+
+    @bb.task(max_attempts=1)
+    async def maybe(ctx: JobContext, n: int) -> int:
+        if n % 2:
+            raise PermanentError(f"odd {n}")
+        return n
+
+    @bb.pipeline
+    async def tolerant(ctx: Any) -> int:
+        runs.append(1)
+        found = await ctx.map("maybe", maybe, list(range(40)), partial=True)
+        return sum(1 for r in found if r is None)
+
+    async with bb, running_worker(bb, concurrency=8):
+        done = await bb.wait((await bb.enqueue("tolerant")).task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED and done.result == 20
+    assert len(runs) <= 4, len(runs)  # the first, the last child's wake (and a race or two)
