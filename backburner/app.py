@@ -307,7 +307,8 @@ class Backburner:
         asked = priority is not None
         priority = self.priority_of(definition.priority if priority is None else priority)
         check_tenant(tenant)
-        priority = self.tenants.check_priority(tenant, priority, asked=asked)
+        if parent_id is None:  # (a child is its parent's work: the parent was admitted)
+            priority = self.tenants.check_priority(tenant, priority, asked=asked)
         ttl_s = ttl if ttl is not None else (definition.ttl_s or self.settings.default_ttl_s)
         _positive("ttl", ttl_s, allow_none=False)
         if max_attempts is not None and not _is_count(max_attempts):

@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -95,6 +94,10 @@ _KEY_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+_YEAR_10000 = 253402300800.0
+"""The first Unix time a datetime cannot show: a created_at past it ended keys list."""
+
+
 def _stored_key(entry: Any) -> StoredKey:
     """A keys-file entry, each field of its own type: ``"admin": "false"`` (any text) had
     made a tenant's key an admin's."""
@@ -111,8 +114,8 @@ def _stored_key(entry: Any) -> StoredKey:
         if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
             kinds = " or ".join("null" if t is type(None) else t.__name__ for t in wanted)
             raise ValueError(f"{name!r} of {entry.get('id')!r} must be {kinds}, got {value!r}")
-    if not math.isfinite(entry.get("created_at", 0.0)):
-        raise ValueError(f"'created_at' of {entry['id']!r} must be a finite number")
+    if not 0 <= entry.get("created_at", 0.0) < _YEAR_10000:  # (NaN too)
+        raise ValueError(f"'created_at' of {entry['id']!r} must be a Unix time (seconds)")
     return StoredKey(**entry)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO
 
 import typer
 
@@ -117,25 +118,39 @@ def results(
 ) -> None:
     """Print (or write) the batch's results as JSON Lines: one per finished request."""
     with _session(url) as client:
+        rows = client.batch_results(batch_id)
         if output is None:
-            for row in client.batch_results(batch_id):
-                sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            _write_rows(rows, sys.stdout)
             return
-        count = 0
-        # Into a file beside it, which replaces it once every row is in: a request that
-        # fails (an unknown id, a lost server) leaves what was there before.
-        partial = output.with_name(f".{output.name}.{os.getpid()}.part")
-        try:
-            with partial.open("w", encoding="utf-8") as sink:
-                for row in client.batch_results(batch_id):
-                    sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    count += 1
-            partial.replace(output)
-        except OSError as exc:
-            raise fail(f"cannot write {output}: {exc}") from None
-        finally:
-            partial.unlink(missing_ok=True)
+        if output.exists() and not output.is_file():  # /dev/stdout, a pipe: written as it is
+            try:
+                with output.open("w", encoding="utf-8") as sink:
+                    count = _write_rows(rows, sink)
+            except OSError as exc:
+                raise fail(f"cannot write {output}: {exc}") from None
+        else:
+            # Into a file beside it, which replaces it once every row is in: a request that
+            # fails (an unknown id, a lost server) leaves what was there before. (A link's
+            # target is what gets replaced, not the link.)
+            target = output.resolve()
+            partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+            try:
+                with partial.open("w", encoding="utf-8") as sink:
+                    count = _write_rows(rows, sink)
+                partial.replace(target)
+            except OSError as exc:
+                raise fail(f"cannot write {output}: {exc}") from None
+            finally:
+                partial.unlink(missing_ok=True)
     err().print(f"wrote {count} results to {output}", highlight=False, soft_wrap=True)
+
+
+def _write_rows(rows: Iterable[dict[str, Any]], sink: TextIO) -> int:
+    count = 0
+    for row in rows:
+        sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+        count += 1
+    return count
 
 
 def cancel(batch_id: str, url: UrlOption = DEFAULT_URL) -> None:

@@ -173,6 +173,8 @@ class Pacer:
         self.clock = clock
         self.deadline = None if timeout is None else clock() + timeout
         self.polls = 0
+        self.status = "unknown"
+        """The job's status at the last look that was answered."""
         self.down_since: float | None = None
 
     def after_outage(self, problem: Exception) -> float:
@@ -189,10 +191,10 @@ class Pacer:
             raise problem
         delay = min(self.max_interval, 2.0 ** min(self.polls, 5))
         self.polls += 1
-        if self.deadline is not None:
+        if self.deadline is not None and self.timeout is not None:
             left = self.deadline - now
-            if left <= 0:
-                raise problem
+            if left <= 0:  # (as a wait that ran out of time while the API answered)
+                raise WaitTimeoutError(self.task_id, self.timeout, self.status) from problem
             delay = min(delay, left)
         return delay
 
@@ -201,6 +203,7 @@ class Pacer:
 
     def next_delay(self, status: str, response: httpx.Response) -> float:
         """Seconds to sleep before looking again; raises WaitTimeoutError past the deadline."""
+        self.status = status
         hint = parse_retry_after(response.headers.get("Retry-After"))
         delay = poll_delay(self.polls, hint, interval=self.interval, max_interval=self.max_interval)
         self.polls += 1

@@ -380,6 +380,7 @@ class PipelineContext:
                 f"{name!r}: {', '.join(taken)} cannot be given: the pipeline sets them itself"
             )
         parent = self._ctx.job
+        checked = {k: v for k, v in options.items() if k != "caller_traceparent"}  # (submit's)
         for index, item in enumerate(inputs):
             try:
                 self._app.build_job(
@@ -388,7 +389,7 @@ class PipelineContext:
                     tenant=parent.tenant,
                     parent_id=parent.task_id,
                     metadata=None if metadata is None else metadata[index],
-                    **options,
+                    **checked,
                 )
             except TypeError as exc:  # an option enqueue does not have
                 raise PipelineDefinitionError(f"{name!r}: {exc}") from None

@@ -192,3 +192,12 @@ def test_a_wait_rides_out_an_api_restart_but_not_a_lasting_outage() -> None:
 def _scripted(answer: Any, clock: FakeClock) -> Client:
     transport = httpx.MockTransport(answer)
     return Client("http://api.test", transport=transport, sleep=clock.sleep, clock=clock)
+
+
+def test_a_wait_whose_api_is_away_past_its_timeout_says_it_timed_out() -> None:
+    clock = FakeClock()
+    gone = Restarting(clock, down_from=2, down_s=10_000)
+    with _scripted(gone, clock) as client, pytest.raises(WaitTimeoutError) as raised:
+        client.wait("task_abc", timeout=20)
+    assert raised.value.__cause__ is not None  # what the API did meanwhile
+    assert 20 <= clock.now <= 30  # (its last look had retries of its own)

@@ -129,6 +129,18 @@ def test_a_follow_prints_the_id_first_and_a_failed_results_write_keeps_the_file(
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
         odd = run("submit", "x", "--priority", "--5", "--url", url)
         assert "Traceback" not in odd.stderr and odd.returncode != 0, odd.stderr
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text('"one"\n"two"\n')
+        batch = json.loads(run("batch", "submit", str(prompts), "--wait", "--url", url).stdout)
+        real = tmp_path / "real.jsonl"
+        real.write_text("old\n")
+        link = tmp_path / "link.jsonl"
+        link.symlink_to(real)
+        wrote = run("batch", "results", batch["batch_id"], "-o", str(link), "--url", url)
+        assert wrote.returncode == 0, wrote.stderr
+        assert link.is_symlink() and len(real.read_text().splitlines()) == 2  # via the link
+        piped = run("batch", "results", batch["batch_id"], "-o", "/dev/stdout", "--url", url)
+        assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 2, piped.stderr
 
 
 def test_enqueue_goes_straight_to_the_backend(tmp_path: Path) -> None:

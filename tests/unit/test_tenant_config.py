@@ -158,7 +158,9 @@ def test_a_broken_keys_file_fails_at_start_and_is_ignored_later(tmp_path: Path) 
         ({"hash": 5}, "'hash' of 'k1' must be str"),
         ({"created_at": "yesterday"}, "must be int or float"),
         ({"created_at": True}, "must be int or float"),
-        ({"created_at": float("nan")}, "finite"),
+        ({"created_at": float("nan")}, "a Unix time"),
+        ({"created_at": 1e20}, "a Unix time"),  # keys list ended in an OverflowError
+        ({"created_at": -5}, "a Unix time"),
         ({"name": ["x"]}, "must be str or null"),
         ({"role": "admin"}, "unknown fields ['role']"),
     ],
