@@ -307,8 +307,9 @@ class Backburner:
         asked = priority is not None
         priority = self.priority_of(definition.priority if priority is None else priority)
         check_tenant(tenant)
-        if parent_id is None:  # (a child is its parent's work: the parent was admitted)
-            priority = self.tenants.check_priority(tenant, priority, asked=asked)
+        # A child is lowered to the cap, never refused: its pipeline was admitted, and a cap
+        # lowered while it runs must not fail its next map.
+        priority = self.tenants.check_priority(tenant, priority, asked=asked and parent_id is None)
         ttl_s = ttl if ttl is not None else (definition.ttl_s or self.settings.default_ttl_s)
         _positive("ttl", ttl_s, allow_none=False)
         if max_attempts is not None and not _is_count(max_attempts):

@@ -122,7 +122,8 @@ def results(
         if output is None:
             _write_rows(rows, sys.stdout)
             return
-        if output.exists() and not output.is_file():  # /dev/stdout, a pipe: written as it is
+        stream = str(output).startswith(("/dev/", "/proc/"))  # (/dev/stdout >> file: a file)
+        if stream or (output.exists() and not output.is_file()):  # a pipe: written as it is
             try:
                 with output.open("w", encoding="utf-8") as sink:
                     count = _write_rows(rows, sink)

@@ -33,7 +33,7 @@ __all__ = [
 
 async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
     """The pipeline's ``step`` and ``spawned`` events so far, in order: (kind, (name, value,
-    within))."""
+    (within, at) or None))."""
     found: list[tuple[str, tuple[str, Any, Any]]] = []
     after = 0
     while True:
@@ -41,9 +41,13 @@ async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
         for event in events:
             if event.type in PIPELINE_EVENTS and isinstance(event.data, dict):
                 value = event.data.get("result" if event.type == "step" else "children")
-                name, within = event.data.get("name"), event.data.get("within")
+                name, within, at = (event.data.get(k) for k in ("name", "within", "at"))
+                # (where it began, if its release wrote that down: see PipelineContext)
+                placed = (
+                    (within, at) if isinstance(at, int) and isinstance(within, str | None) else None
+                )
                 if isinstance(name, str):
-                    found.append((event.type, (name, value, within)))
+                    found.append((event.type, (name, value, placed)))
         if len(events) < 1000:
             return found
         after = events[-1].seq

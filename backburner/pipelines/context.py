@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +34,12 @@ if TYPE_CHECKING:
     from ..context import JobContext
 
 STEP_EVENT = "step"
-"""``{"name", "result", "within"}``: a step's stored result (a map's: its children's results);
-``within``: the step it was called in (null: none; events written before it existed have no
-such member)."""
+"""``{"name", "result", "within", "at"}``: a step's stored result (a map's: its children's
+results); ``within``: the step it was called in (null: the pipeline itself), ``at``: its
+place among the steps called there (events of an earlier release have neither)."""
 SPAWN_EVENT = "spawned"
-"""``{"name", "children", "within"}``: the ids of the children a map or spawn enqueued."""
+"""``{"name", "children", "within", "at"}``: the ids of the children a map or spawn
+enqueued."""
 CHILDREN_EVENT = "children"
 """``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
 PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
@@ -88,22 +90,33 @@ class PipelineContext:
         self._app = app
         self._results: dict[str, Any] = {}
         self._spawned: dict[str, list[str]] = {}
-        self._earlier: dict[str, str | None] = {}
-        """Each step of earlier runs, in the order they were recorded, and the step it was
-        called in (a step's own record comes when it ends, after those of its steps)."""
-        for kind, (name, value, within) in recorded:
+        for kind, (name, value, _) in recorded:
             if kind == STEP_EVENT:
                 self._results[name] = value
             else:
                 self._spawned[name] = value
-            self._earlier.setdefault(name, within if isinstance(within, str) else None)
-        self._seen: list[str] = []
+        self._earlier: dict[str | None, dict[int, str]] = {}
+        """Where each step of earlier runs began: the step it was called in (None: the
+        pipeline itself) -> its place among the steps called there -> its name. A step's
+        own record comes when it ends, after those of the steps within it; a step that
+        never ended left its place empty. Events of a release before ``within`` and ``at``
+        were written are all placed in the pipeline, in the order they were written."""
+        placed = [p for _, (_, _, p) in recorded]
+        if all(isinstance(p, tuple) for p in placed):
+            for _, (name, _, (within, at)) in recorded:
+                self._earlier.setdefault(within, {}).setdefault(at, name)
+        else:
+            names = self._earlier.setdefault(None, {})
+            for _, (name, _, _) in recorded:
+                if name not in names.values():
+                    names[len(names)] = name
+        self._legacy = not all(isinstance(p, tuple) for p in placed)
+        self._seen: set[str] = set()
         self._running: list[str] = []
         """The steps running now, innermost last: a step begun meanwhile is within the last."""
-        self._within: dict[str, str | None] = {}
-        self._covered: set[str] = set()
-        """Earlier steps that this run will not call again: they ran within a step whose
-        stored result this run took instead."""
+        self._placed: dict[str, tuple[str | None, int]] = {}
+        """Where each step of this run began: (the step it was called in, its place there)."""
+        self._begun: Counter[str | None] = Counter()
         self.parked: str | None = None
         """Why this run parked (a map's children still run); nothing may follow it."""
 
@@ -134,42 +147,27 @@ class PipelineContext:
             raise PipelineDefinitionError(
                 f"step name {name!r} is used twice in one run; step names must be unique"
             )
-        self._seen.append(name)
-        self._within[name] = self._running[-1] if self._running else None
+        self._seen.add(name)
+        # (events of an earlier release place every step in the pipeline, in one count)
+        within = self._running[-1] if self._running and not self._legacy else None
+        at = self._begun[within]
+        self._begun[within] += 1
+        self._placed[name] = (within, at)
         if name in self._results or name in self._spawned:
             return
-        # A step new to this run comes after every step of earlier runs, in a deterministic
-        # pipeline: one not called yet (nor within a step whose result was taken, nor within
-        # this one or one running now, which call it next) says the order has changed.
-        around = {name, *self._running}
-        seen = set(self._seen)
-        for earlier in self._earlier:
-            if earlier in seen or earlier in self._covered or self._inside(earlier, around):
-                continue
+        before = self._earlier.get(within, {}).get(at)
+        if before is not None and before != name:
+            where = "of the pipeline" if within is None else f"within step {within!r}"
             raise PipelineDefinitionError(
-                f"step {name!r} is new in this run, but {earlier!r} ran before it in an"
-                " earlier run and has not run in this one: a pipeline must call its"
-                " steps in the same order every run, one after another (make step"
-                " names and the code that chooses them deterministic; run work in"
-                " parallel with ctx.map)"
+                f"step {at + 1} {where} is {name!r} in this run but was {before!r} before: a"
+                " pipeline must call its steps in the same order every run, one after"
+                " another (make step names and the code that chooses them deterministic; run"
+                " work in parallel with ctx.map)"
             )
 
-    def _inside(self, name: str, steps: set[str]) -> bool:
-        """Whether the earlier step ``name`` was called within one of ``steps``, at any depth."""
-        within, passed = self._earlier.get(name), {name}
-        while within is not None and within not in passed:  # (a loop: a damaged log)
-            if within in steps:
-                return True
-            passed.add(within)
-            within = self._earlier.get(within)
-        return False
-
-    def _cover(self, name: str) -> None:
-        """This run takes the stored result of step ``name``: the steps within it, at any
-        depth, are not called again."""
-        for earlier in self._earlier:
-            if self._inside(earlier, {name}):
-                self._covered.add(earlier)
+    def _place_of(self, name: str) -> dict[str, Any]:
+        within, at = self._placed[name]
+        return {"within": within, "at": at}
 
     async def step(
         self,
@@ -183,7 +181,6 @@ class PipelineContext:
         every later run of the pipeline gets the stored result without running it."""
         self._begin(name)
         if name in self._results:
-            self._cover(name)
             return self._results[name]
         self._running.append(name)
         try:
@@ -232,7 +229,7 @@ class PipelineContext:
                 self.job_id,
                 self._ctx.fence,
                 STEP_EVENT,
-                {"name": name, "result": result, "within": self._within.get(name)},
+                {"name": name, "result": result, **self._place_of(name)},
                 now=self._ctx.clock.now(),
             )
         except InvalidInputError as exc:
@@ -435,7 +432,7 @@ class PipelineContext:
             self.job_id,
             self._ctx.fence,
             SPAWN_EVENT,
-            {"name": name, "children": ids, "within": self._within.get(name)},
+            {"name": name, "children": ids, **self._place_of(name)},
             now=self._ctx.clock.now(),
         )
         self._spawned[name] = ids

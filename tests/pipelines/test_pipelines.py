@@ -211,7 +211,7 @@ async def test_a_step_name_used_twice_or_out_of_order_is_a_clear_error(bb: Backb
     assert dup.status == JobStatus.FAILED and dup.error is not None
     assert dup.error.type == "PipelineDefinitionError" and "used twice" in dup.error.message
     assert moved.status == JobStatus.FAILED and moved.error is not None
-    assert "step 'b' is new in this run, but 'a' ran before it" in moved.error.message
+    assert "step 1 of the pipeline is 'b' in this run but was 'a' before" in moved.error.message
 
 
 async def test_a_step_result_that_cannot_be_stored_fails_the_job_at_once(bb: Backburner) -> None:
@@ -637,3 +637,28 @@ async def test_failing_children_of_a_partial_map_do_not_wake_their_parent_each(
         done = await bb.wait((await bb.enqueue("tolerant")).task_id, timeout=30)
     assert done.status == JobStatus.COMPLETED and done.result == 20
     assert len(runs) <= 4, len(runs)  # the first, the last child's wake (and a race or two)
+
+
+async def test_a_capped_tenants_children_are_lowered_to_its_cap_never_refused(
+    bb: Backburner,
+) -> None:
+    from backburner.tenants import TenantPolicies
+
+    bb.tenants = TenantPolicies.from_source(
+        '{"tenants": {"acme": {"max_in_flight": 0, "max_priority": 0}}}'
+    )
+
+    @bb.task(priority=100)  # its own default: above the cap
+    async def urgent(ctx: JobContext, n: int) -> int:
+        return n
+
+    @bb.pipeline
+    async def fan(ctx: Any) -> list[int]:
+        first = await ctx.map("a", urgent, [1])
+        return list(first) + list(await ctx.map("b", urgent, [2], priority=50))
+
+    async with bb, running_worker(bb, concurrency=4):
+        done = await bb.wait((await bb.enqueue("fan", tenant="acme")).task_id, timeout=30)
+        children = (await bb.list(parent_id=done.task_id)).jobs
+    assert done.status == JobStatus.COMPLETED and done.result == [1, 2], done.error
+    assert sorted(c.priority for c in children) == [0, 0]
