@@ -599,6 +599,17 @@ async def test_a_sweeper_that_dead_letters_a_job_logs_it(
     assert (dead.levelno, getattr(dead, "event", None)) == (logging.WARNING, "dead_lettered")
 
 
+def _noop_app(store: Any) -> Backburner:
+    """An app on ``store`` (a backend, or a wrapper of one) with one task, noop."""
+    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)
+
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    return bb
+
+
 class _IdleWaitRefused:
     """Claims work (and find nothing); every wait for jobs fails, as a full Redis refuses
     the idle registration of a worker that found nothing."""
@@ -620,12 +631,7 @@ async def test_a_wait_for_work_that_fails_backs_off(
 ) -> None:
     # A claim that worked and a wait that did not looped with no pause: 18 warnings a second.
     store = _IdleWaitRefused(backend)
-    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)  # type: ignore[arg-type]
-
-    @bb.task
-    async def noop(ctx: JobContext) -> None:
-        return None
-
+    bb = _noop_app(store)
     async with running_worker(bb):
         await eventually(lambda: store.waits >= 3, timeout=20, message="three waits")
         waits = store.waits
@@ -654,12 +660,7 @@ async def test_a_duty_that_keeps_failing_is_logged_once_a_streak_not_each_time(
 ) -> None:
     # While Redis was down each worker logged about ten warnings a second.
     store = _CancelPollDown(backend)
-    bb = Backburner(store, settings=WORKER_TEST_SETTINGS)  # type: ignore[arg-type]
-
-    @bb.task
-    async def noop(ctx: JobContext) -> None:
-        return None
-
+    bb = _noop_app(store)
     with caplog.at_level(logging.WARNING, logger="backburner.worker"):
         async with running_worker(bb):
             await eventually(lambda: store.polls >= 30, timeout=20, message="30 polls")
