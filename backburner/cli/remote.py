@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 
-from ..errors import BackburnerError
+from ..errors import AuthError, BackburnerError
 from ..models import JobStatus
 from .common import UrlOption, err, fail, job_table, out, print_json, priority_value
 
@@ -24,6 +25,11 @@ def _session(url: str) -> Iterator[Any]:
     try:
         with Client(url) as client:
             yield client
+    except AuthError as exc:  # (the API's words name a header a CLI user cannot set)
+        sent = "the key in BACKBURNER_API_KEY was refused"
+        if not os.environ.get("BACKBURNER_API_KEY"):
+            sent = "set BACKBURNER_API_KEY to one"
+        raise fail(f"{exc} ({sent})") from None
     except BackburnerError as exc:
         raise fail(str(exc)) from None
 

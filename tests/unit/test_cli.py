@@ -143,6 +143,18 @@ def test_a_follow_prints_the_id_first_and_a_failed_results_write_keeps_the_file(
         assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 2, piped.stderr
 
 
+def test_a_refused_key_says_what_the_cli_sends(tmp_path: Path) -> None:
+    # The API's message names the Authorization header, which a CLI user cannot set.
+    key = "bb_cli-test-key-" + "k" * 30
+    with live_server(tmp_path, run_worker=False, api_keys=f"acme:{key}") as server:
+        none = run("tasks", "--url", server.url, env={"BACKBURNER_API_KEY": ""})
+        assert_one_line_error(none, "set BACKBURNER_API_KEY to one")
+        wrong = run("tasks", "--url", server.url, env={"BACKBURNER_API_KEY": "bb_wrong"})
+        assert_one_line_error(wrong, "the key in BACKBURNER_API_KEY was refused")
+        right = run("tasks", "--url", server.url, "--json", env={"BACKBURNER_API_KEY": key})
+        assert right.returncode == 0 and json.loads(right.stdout) == [], right.stderr
+
+
 def test_enqueue_goes_straight_to_the_backend(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     enq = run(
