@@ -203,7 +203,10 @@ class PipelineContext:
         policy: StepRetry,
     ) -> Any:
         """``fn``'s value, retried in place as ``policy`` says."""
+        began: set[str] = set(self._seen)
         for attempt in range(1, policy.attempts + 1):
+            if attempt > 1:
+                self._forget_since(name, began)
             try:
                 value = fn(*args, **kwargs)
                 if inspect.isawaitable(value):
@@ -220,6 +223,16 @@ class PipelineContext:
                     raise  # a long wait is the job's: parked, not holding a worker slot
                 await asyncio.sleep(max(delay, asked or 0.0))
         raise AssertionError("a step ran out of attempts without raising")  # pragma: no cover
+
+    def _forget_since(self, name: str, began: set[str]) -> None:
+        """Step ``name`` runs again in place (StepRetry): the steps called in its last try
+        may be called again (they were "used twice"); those that ended give their stored
+        results, as in a run after a crash."""
+        for inner in self._seen - began:
+            self._seen.discard(inner)
+            self._placed.pop(inner, None)
+            self._begun.pop(inner, None)
+        self._begun.pop(name, None)
 
     async def _record(self, name: str, result: Any) -> None:
         """Store a step's (or a map's) result as its ``step`` event. One that cannot be stored

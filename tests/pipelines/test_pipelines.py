@@ -662,3 +662,27 @@ async def test_a_capped_tenants_children_are_lowered_to_its_cap_never_refused(
         children = (await bb.list(parent_id=done.task_id)).jobs
     assert done.status == JobStatus.COMPLETED and done.result == [1, 2], done.error
     assert sorted(c.priority for c in children) == [0, 0]
+
+
+async def test_a_step_retried_in_place_may_call_its_steps_again(bb: Backburner) -> None:
+    # Its inner steps were "used twice in one run", a permanent failure.
+    calls: Counter[str] = Counter()
+
+    def flaky() -> int:
+        calls["flaky"] += 1
+        if calls["flaky"] == 1:
+            raise RuntimeError("transient")
+        return 5
+
+    @bb.pipeline
+    async def retried(ctx: Any) -> int:
+        async def outer() -> int:
+            stored = await ctx.step("stored", lambda: calls.update(["stored"]) or 1)
+            return int(stored) + int(await ctx.step("inner", flaky))
+
+        return int(await ctx.step("outer", outer, retry=StepRetry(attempts=3, backoff_s=0.01)))
+
+    async with bb, running_worker(bb, concurrency=2):
+        done = await bb.wait((await bb.enqueue("retried")).task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED and done.result == 6, done.error
+    assert calls == Counter(flaky=2, stored=1)  # the step that ended is not run again
