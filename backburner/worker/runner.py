@@ -523,13 +523,13 @@ class Worker:
             await asyncio.sleep(interval)
             try:
                 await duty()
-            except BackburnerError as exc:
+            except Exception as exc:
                 failed += 1
                 if failed == 1 or failed % DUTY_LOG_EVERY == 0:
-                    log.warning("%s failed (%d in a row): %s", duty.__name__, failed, exc)
-                continue
-            except Exception:
-                log.exception("%s failed", duty.__name__)
+                    if isinstance(exc, BackburnerError):
+                        log.warning("%s failed (%d in a row): %s", duty.__name__, failed, exc)
+                    else:  # (a bug: its traceback, but not four times a second either)
+                        log.exception("%s failed (%d in a row)", duty.__name__, failed)
                 continue
             if failed:
                 log.info("%s works again after %d failures", duty.__name__, failed)
