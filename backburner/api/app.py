@@ -72,6 +72,7 @@ def create_app(
     run_worker: bool = False,
     worker_concurrency: int | None = None,
     handle_signals: bool = False,
+    signals_to_worker: bool = False,
 ) -> FastAPI:
     """The HTTP API over ``backburner`` (default: the built-in tasks on settings.backend_url).
 
@@ -81,8 +82,10 @@ def create_app(
     second hands its jobs back): for a server of one process that gets each signal once, as
     ``backburner serve`` and ``backburner api`` run uvicorn. Under ``uvicorn --workers`` or
     ``--reload`` a Ctrl-C reaches each server process twice (the terminal's SIGINT, then the
-    supervisor's SIGTERM), which would count as a second signal.
+    supervisor's SIGTERM), which would count as a second signal. ``signals_to_worker`` is
+    its earlier name.
     """
+    handle_signals = handle_signals or signals_to_worker
     settings = settings or (backburner.settings if backburner else Settings.from_env())
     bb = backburner or Backburner(settings=settings)
     install_builtin_tasks(bb)

@@ -100,3 +100,18 @@ async def test_a_backend_failure_mid_stream_ends_the_stream_not_the_server(
     assert len(sent) == 2
     assert "backend failed" in caplog.text and job.task_id in caplog.text
     await hub.close()
+
+
+async def test_create_app_takes_signals_to_worker_its_earlier_name(tmp_path: Any) -> None:
+    import signal
+
+    from backburner import Settings
+    from backburner.api import create_app
+
+    before = signal.getsignal(signal.SIGTERM)
+    settings = Settings(backend_url=f"sqlite:///{tmp_path}/a.db")
+    for option in ("handle_signals", "signals_to_worker"):
+        app = create_app(settings, **{option: True})
+        async with app.router.lifespan_context(app):
+            assert signal.getsignal(signal.SIGTERM) is not before, option  # ours, while it runs
+        assert signal.getsignal(signal.SIGTERM) is before
