@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -145,6 +146,7 @@ class Worker:
                 asyncio.create_task(self._every(self.settings.heartbeat_s, self._heartbeat)),
                 asyncio.create_task(self._every(self.settings.cancel_poll_s, self._poll_cancels)),
                 asyncio.create_task(self._every(self.settings.sweep_interval_s, self._sweep)),
+                asyncio.create_task(self._every(self.settings.heartbeat_s, self._orphans)),
             ]
             self.started.set()
             log.info(
@@ -558,6 +560,22 @@ class Worker:
             # An attempt that finished during the round trip is not renewed, and not lost.
             if renewed.get(task_id) != fence and self.cancel_local(task_id, fence, LEASE_LOST):
                 log.warning("job %s: lease lost; stopped it", task_id)
+
+    async def _orphans(self) -> None:
+        """Cancel the children running here whose parent has ended: a parent's cancel (or
+        failure) cancels its children in the process that made it, and one that died part-way
+        left the rest running to an end nobody reads. One status read a parent, not a child."""
+        parents: dict[str, list[str]] = {}
+        for attempt in self.running.values():
+            parent = attempt.job.parent_id
+            if parent is not None and not attempt.settled:
+                parents.setdefault(parent, []).append(attempt.job.task_id)
+        for parent, children in parents.items():
+            status = await self.app.backend.job_status(parent)
+            if status is None or status.is_terminal:
+                for task_id in children:
+                    with contextlib.suppress(BackburnerError):  # (ended meanwhile: fine)
+                        await self.app.cancel(task_id)
 
     async def _poll_cancels(self) -> None:
         signals = await self.app.backend.poll_cancellations(self.worker_id)

@@ -686,3 +686,39 @@ async def test_a_step_retried_in_place_may_call_its_steps_again(bb: Backburner) 
         done = await bb.wait((await bb.enqueue("retried")).task_id, timeout=30)
     assert done.status == JobStatus.COMPLETED and done.result == 6, done.error
     assert calls == Counter(flaky=2, stored=1)  # the step that ended is not run again
+
+
+async def test_children_of_a_parent_ended_without_its_cascade_are_stopped_by_their_worker(
+    bb: Backburner,
+) -> None:
+    # The cascade runs in the process that cancels: one that died part-way left the other
+    # children running to an end nobody reads.
+    gate = asyncio.Event()
+
+    @bb.task
+    async def held(ctx: JobContext, n: int) -> int:
+        await gate.wait()
+        return n
+
+    @bb.pipeline
+    async def parent(ctx: Any) -> list[int]:
+        return list(await ctx.map("held", held, [1, 2]))
+
+    try:
+        async with bb, running_worker(bb, concurrency=4):
+            job = await bb.enqueue("parent")
+
+            async def both_running() -> bool:
+                kids = (await bb.list(parent_id=job.task_id)).jobs
+                return len(kids) == 2 and all(k.status == JobStatus.PROCESSING for k in kids)
+
+            await eventually(both_running, timeout=20, message="both children running")
+            await bb.backend.cancel(job.task_id, now=bb.clock.now())  # no hooks, no cascade
+
+            async def both_cancelled() -> bool:
+                kids = (await bb.list(parent_id=job.task_id)).jobs
+                return all(k.status == JobStatus.CANCELLED for k in kids)
+
+            await eventually(both_cancelled, timeout=20, message="children cancelled")
+    finally:
+        gate.set()
