@@ -419,19 +419,27 @@ async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburne
     assert runs[1] - runs[0] >= 1.4
 
 
-async def test_a_deadline_ends_a_pipeline_that_waits_for_its_children(bb: Backburner) -> None:
-    # It waited for its children (or its poll) and failed after their work was done.
-    bb.settings = bb.settings.replace(pipeline_poll_s=300.0)
-    gate = asyncio.Event()
+def _gated_fan_out(bb: Backburner, gate: asyncio.Event, looks: list[float] | None = None) -> None:
+    """Registers ``parent``, a pipeline that maps two children of ``held``, which wait for
+    ``gate``; each run of the parent notes its loop time in ``looks``, if given."""
 
     @bb.task
-    async def slow(ctx: JobContext, n: int) -> int:
+    async def held(ctx: JobContext, n: int) -> int:
         await gate.wait()
         return n
 
     @bb.pipeline
     async def parent(ctx: Any) -> list[int]:
-        return list(await ctx.map("slow", slow, [1, 2]))
+        if looks is not None:
+            looks.append(asyncio.get_running_loop().time())
+        return list(await ctx.map("held", held, [1, 2]))
+
+
+async def test_a_deadline_ends_a_pipeline_that_waits_for_its_children(bb: Backburner) -> None:
+    # It waited for its children (or its poll) and failed after their work was done.
+    bb.settings = bb.settings.replace(pipeline_poll_s=300.0)
+    gate = asyncio.Event()
+    _gated_fan_out(bb, gate)
 
     try:
         async with bb, running_worker(bb, concurrency=4):
@@ -592,16 +600,7 @@ async def test_a_pipeline_whose_children_change_nothing_looks_less_and_less_ofte
     bb.settings = bb.settings.replace(pipeline_poll_s=0.1)
     gate = asyncio.Event()
     looks: list[float] = []
-
-    @bb.task
-    async def slow(ctx: JobContext, n: int) -> int:
-        await gate.wait()
-        return n
-
-    @bb.pipeline
-    async def parent(ctx: Any) -> list[int]:
-        looks.append(asyncio.get_running_loop().time())
-        return list(await ctx.map("slow", slow, [1, 2]))
+    _gated_fan_out(bb, gate, looks)
 
     async with bb, running_worker(bb, concurrency=4):
         job = await bb.enqueue("parent")
@@ -694,16 +693,7 @@ async def test_children_of_a_parent_ended_without_its_cascade_are_stopped_by_the
     # The cascade runs in the process that cancels: one that died part-way left the other
     # children running to an end nobody reads.
     gate = asyncio.Event()
-
-    @bb.task
-    async def held(ctx: JobContext, n: int) -> int:
-        await gate.wait()
-        return n
-
-    @bb.pipeline
-    async def parent(ctx: Any) -> list[int]:
-        return list(await ctx.map("held", held, [1, 2]))
-
+    _gated_fan_out(bb, gate)
     try:
         async with bb, running_worker(bb, concurrency=4):
             job = await bb.enqueue("parent")
