@@ -101,8 +101,8 @@ class PipelineContext:
         own record comes when it ends, after those of the steps within it; a step that
         never ended left its place empty. Events of a release before ``within`` and ``at``
         were written are all placed in the pipeline, in the order they were written."""
-        placed = [p for _, (_, _, p) in recorded]
-        if all(isinstance(p, tuple) for p in placed):
+        self._legacy = not all(isinstance(p, tuple) for _, (_, _, p) in recorded)
+        if not self._legacy:
             for _, (name, _, (within, at)) in recorded:
                 self._earlier.setdefault(within, {}).setdefault(at, name)
         else:
@@ -110,7 +110,6 @@ class PipelineContext:
             for _, (name, _, _) in recorded:
                 if name not in names.values():
                     names[len(names)] = name
-        self._legacy = not all(isinstance(p, tuple) for p in placed)
         self._seen: set[str] = set()
         self._running: list[str] = []
         """The steps running now, innermost last: a step begun meanwhile is within the last."""
@@ -372,6 +371,15 @@ class PipelineContext:
             quiet += 1
         return float(min(max(poll, QUIET_POLL_CAP_S), poll * 2 ** min(quiet, 16)))
 
+    def _as_child(self, metadata: list[dict[str, Any]] | None, index: int) -> dict[str, Any]:
+        """What makes item ``index`` a child of this pipeline: its tenant, parent, metadata."""
+        parent = self._ctx.job
+        return {
+            "tenant": parent.tenant,
+            "parent_id": parent.task_id,
+            "metadata": None if metadata is None else metadata[index],
+        }
+
     def _check_children(
         self,
         name: str,
@@ -389,18 +397,10 @@ class PipelineContext:
             raise PipelineDefinitionError(
                 f"{name!r}: {', '.join(taken)} cannot be given: the pipeline sets them itself"
             )
-        parent = self._ctx.job
         checked = {k: v for k, v in options.items() if k != "caller_traceparent"}  # (submit's)
         for index, item in enumerate(inputs):
             try:
-                self._app.build_job(
-                    task,
-                    item,
-                    tenant=parent.tenant,
-                    parent_id=parent.task_id,
-                    metadata=None if metadata is None else metadata[index],
-                    **checked,
-                )
+                self._app.build_job(task, item, **self._as_child(metadata, index), **checked)
             except TypeError as exc:  # an option enqueue does not have
                 raise PipelineDefinitionError(f"{name!r}: {exc}") from None
             except InvalidInputError as exc:
@@ -424,11 +424,9 @@ class PipelineContext:
                 job, _ = await self._app.submit(
                     task,
                     inputs[index],
-                    parent_id=parent.task_id,
-                    tenant=parent.tenant,
                     limits=False,  # the pipeline was admitted; its children are its work
                     idempotency_key=_child_key(parent.task_id, name, index, partial=partial),
-                    metadata=None if metadata is None else metadata[index],
+                    **self._as_child(metadata, index),
                     **options,
                 )
                 return job.task_id
