@@ -585,15 +585,19 @@ class Backburner:
                     f"job {task_id} is a child of {job.parent_id}, which {ended}: it cannot"
                     " run again on its own"
                 )
-        definition = self.tasks.get(job.type)
-        budget = max_attempts or (definition.max_attempts if definition else None)
-        budget = budget or self.settings.default_max_attempts
         return await self.backend.replay(
             task_id,
             now=self.clock.now(),
-            extra_attempts=budget,
+            extra_attempts=max_attempts or self.replay_budget(job.type),
             quota=self.tenants.policy(job.tenant).quota(),
         )
+
+    def replay_budget(self, task: str) -> int:
+        """The attempts a replay of a job of ``task`` adds when none are asked for: its task's
+        max_attempts, else the default."""
+        definition = self.tasks.get(task)
+        budget = definition.max_attempts if definition else None
+        return budget or self.settings.default_max_attempts
 
     async def delete(self, task_id: str, *, tenant: str | None = None) -> None:
         """Delete a terminal job and its events now. JobNotFoundError if missing;

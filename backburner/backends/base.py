@@ -67,6 +67,12 @@ def fingerprint(task_type: str, payload: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def replayable(status: str, cancelled_too: bool) -> bool:
+    """Whether a job of ``status`` (a JobStatus or its text) may be replayed: failed, or with
+    ``cancelled_too`` cancelled as well (Backend.replay)."""
+    return status == "failed" or (cancelled_too and status == "cancelled")
+
+
 def check_slot_args(
     key: str, holder: str | None = None, *, limit: int | None = None, lease_s: float | None = None
 ) -> None:
@@ -478,14 +484,22 @@ class Backend(Protocol):
         ...
 
     async def replay(
-        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+        self,
+        task_id: str,
+        *,
+        now: float,
+        extra_attempts: int,
+        quota: Quota | None = None,
+        cancelled_too: bool = False,
     ) -> Job:
         """Re-queue a failed job with ``extra_attempts`` more attempts, keeping its history.
         QuotaExceededError (nothing changed) if its tenant has ``quota.max_in_flight`` jobs
-        queued or processing (the per-minute rate does not apply).
+        queued or processing (the per-minute rate does not apply). ``cancelled_too``: a
+        cancelled job may be re-queued as well (a pipeline's replay runs again the children
+        that its failure cancelled).
 
         The only way out of a terminal state; a deadline restarts from ``now`` with the same
-        length. InvalidTransitionError unless failed;
+        length. InvalidTransitionError unless failed (or cancelled, with ``cancelled_too``);
         JobNotFoundError if missing. Atomic.
         """
         ...

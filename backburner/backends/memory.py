@@ -50,6 +50,7 @@ from .base import (
     Wait,
     WorkerInfo,
     parse_cursor,
+    replayable,
 )
 from .memory_outbox import MemoryOutbox, MemoryWebhooks
 from .memory_slots import MemorySlots
@@ -480,13 +481,19 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
     # -- admin -------------------------------------------------------------------------------
 
     async def replay(
-        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+        self,
+        task_id: str,
+        *,
+        now: float,
+        extra_attempts: int,
+        quota: Quota | None = None,
+        cancelled_too: bool = False,
     ) -> Job:
         stored = self._jobs.get(task_id)
         if stored is None:
             raise JobNotFoundError(task_id)
         job = stored.job
-        if job.status != JobStatus.FAILED:
+        if not replayable(job.status, cancelled_too):
             raise InvalidTransitionError(
                 f"only failed jobs can be replayed; job {task_id} is {job.status}"
             )

@@ -570,11 +570,22 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
     # -- admin -------------------------------------------------------------------------------
 
     async def replay(
-        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+        self,
+        task_id: str,
+        *,
+        now: float,
+        extra_attempts: int,
+        quota: Quota | None = None,
+        cancelled_too: bool = False,
     ) -> Job:
         limit = None if quota is None else quota.max_in_flight
         reply = await self._run(
-            "replay", task_id, number(now), extra_attempts, "" if limit is None else limit
+            "replay",
+            task_id,
+            number(now),
+            extra_attempts,
+            "" if limit is None else limit,
+            "1" if cancelled_too else "0",
         )
         if reply[0] == b"quota":
             assert limit is not None

@@ -38,6 +38,7 @@ from .base import (
     Stats,
     Wait,
     WorkerInfo,
+    replayable,
 )
 from .sqlite_children import SQLiteChildren
 from .sqlite_executor import SQLiteExecutor
@@ -506,7 +507,13 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
     # -- admin -------------------------------------------------------------------------------
 
     async def replay(
-        self, task_id: str, *, now: float, extra_attempts: int, quota: Quota | None = None
+        self,
+        task_id: str,
+        *,
+        now: float,
+        extra_attempts: int,
+        quota: Quota | None = None,
+        cancelled_too: bool = False,
     ) -> Job:
         def op(conn: sqlite3.Connection) -> Job:
             found = conn.execute(
@@ -515,7 +522,7 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
             status = found.fetchone()
             if status is None:
                 raise JobNotFoundError(task_id)
-            if status[0] != "failed":
+            if not replayable(status[0], cancelled_too):
                 raise InvalidTransitionError(
                     f"only failed jobs can be replayed; job {task_id} is {status[0]}"
                 )

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PipelineDefinitionError
 from ..hooks import Hooks
 from ..models import Job, JobStatus
-from .context import PARTIAL_KEY_END, PIPELINE_EVENTS, PipelineContext, StepRetry
+from .context import (
+    PARTIAL_KEY_END,
+    PIPELINE_EVENTS,
+    RERUN_EVENT,
+    PipelineContext,
+    Recorded,
+    StepRetry,
+)
 
 WAKE_RETRIES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 0.0)
 """The pauses while a failed child's parent is still running (3 s in all; the last look
@@ -31,15 +38,18 @@ __all__ = [
 ]
 
 
-async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
+async def _recorded(ctx: JobContext) -> Recorded:
     """The pipeline's ``step`` and ``spawned`` events so far, in order: (kind, (name, value,
-    (within, at) or None))."""
-    found: list[tuple[str, tuple[str, Any, Any]]] = []
+    (within, at) or None)); and, if it was ever replayed, the children each map ran again
+    since its last replay (``rerun`` events)."""
+    recorded = Recorded()
     after = 0
     while True:
         events = await ctx.backend.events(ctx.job_id, after=after, limit=1000)
         for event in events:
-            if event.type in PIPELINE_EVENTS and isinstance(event.data, dict):
+            if not isinstance(event.data, dict):
+                continue
+            if event.type in PIPELINE_EVENTS:
                 value = event.data.get("result" if event.type == "step" else "children")
                 name, within, at = (event.data.get(k) for k in ("name", "within", "at"))
                 # (where it began, if its release wrote that down: see PipelineContext)
@@ -47,9 +57,16 @@ async def _recorded(ctx: JobContext) -> list[tuple[str, tuple[str, Any, Any]]]:
                     (within, at) if isinstance(at, int) and isinstance(within, str | None) else None
                 )
                 if isinstance(name, str):
-                    found.append((event.type, (name, value, placed)))
+                    recorded.steps.append((event.type, (name, value, placed)))
+            elif event.type == "status" and event.data.get("replayed") is True:
+                recorded.rerun = {}
+            elif event.type == RERUN_EVENT and recorded.rerun is not None:
+                name, children = event.data.get("name"), event.data.get("children")
+                if isinstance(name, str) and isinstance(children, list):
+                    ran = recorded.rerun.setdefault(name, set())
+                    ran.update(child for child in children if isinstance(child, str))
         if len(events) < 1000:
-            return found
+            return recorded
         after = events[-1].seq
 
 
@@ -60,7 +77,8 @@ async def run_pipeline(
     kwargs: dict[str, Any],
 ) -> Any:
     """One run of a pipeline: load what earlier runs stored, then run its code from the top."""
-    pctx = PipelineContext(ctx, app, await _recorded(ctx))
+    recorded = await _recorded(ctx)
+    pctx = PipelineContext(ctx, app, recorded.steps, rerun=recorded.rerun)
     result = await fn(pctx, **kwargs)
     if pctx.parked is not None:  # the Suspend was caught: the result was made without it
         raise PipelineDefinitionError(

@@ -14,12 +14,15 @@ import hashlib
 import inspect
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     ChildFailedError,
     InvalidInputError,
     InvalidResultError,
+    InvalidTransitionError,
+    JobNotFoundError,
     PermanentError,
     PipelineDefinitionError,
     Retry,
@@ -40,6 +43,9 @@ place among the steps called there (events of an earlier release have neither)."
 SPAWN_EVENT = "spawned"
 """``{"name", "children", "within", "at"}``: the ids of the children a map or spawn
 enqueued."""
+RERUN_EVENT = "rerun"
+"""``{"name", "children"}``: children of a map or spawn that had failed or been cancelled
+when the pipeline was replayed, run again by the run after the replay."""
 CHILDREN_EVENT = "children"
 """``{"name", "total", "completed", "failed", "cancelled"}``: children seen at a run."""
 PIPELINE_EVENTS = frozenset({STEP_EVENT, SPAWN_EVENT})
@@ -80,14 +86,33 @@ class StepRetry:
         self.cap_s = cap_s
 
 
+@dataclass
+class Recorded:
+    """What earlier runs of a pipeline stored (``pipelines._recorded``)."""
+
+    steps: list[tuple[str, tuple[str, Any, Any]]] = field(default_factory=list)
+    """Its ``step`` and ``spawned`` events, in order: (kind, (name, value, place))."""
+    rerun: dict[str, set[str]] | None = None
+    """None if it was never replayed; else the children each map ran again since its last
+    replay."""
+
+
 class PipelineContext:
     """``ctx`` of a pipeline: a JobContext (progress, emit, llm, ...) plus durable steps."""
 
     def __init__(
-        self, ctx: JobContext, app: Backburner, recorded: list[tuple[str, tuple[str, Any, Any]]]
+        self,
+        ctx: JobContext,
+        app: Backburner,
+        recorded: list[tuple[str, tuple[str, Any, Any]]],
+        *,
+        rerun: dict[str, set[str]] | None = None,
     ) -> None:
         self._ctx = ctx
         self._app = app
+        self._rerun = rerun
+        """None if the pipeline was never replayed; else the children each map ran again
+        since its last replay (Recorded.rerun)."""
         self._results: dict[str, Any] = {}
         self._spawned: dict[str, list[str]] = {}
         for kind, (name, value, _) in recorded:
@@ -312,6 +337,8 @@ class PipelineContext:
                 name, _task_name(task), inputs, metadata, options, partial=partial
             )
         children = await self._read(ids, name, partial=partial)
+        if self._rerun is not None and await self._rerun_ended(name, children):
+            children = await self._read(ids, name, partial=partial)
         counts = {s.value: 0 for s in JobStatus}
         for child in children:
             if child is not None:
@@ -353,6 +380,46 @@ class PipelineContext:
             results.append(None)
         await self._record(name, results)
         return results
+
+    async def _rerun_ended(self, name: str, children: list[Job | None]) -> bool:
+        """After a replay of the pipeline: run again the children of ``name`` that had failed
+        or been cancelled (its failure cancels those still open), each with a fresh attempt
+        budget, as a replay of each would. Once per replay: a child that fails again after it
+        fails the pipeline again. True if any was run again."""
+        assert self._rerun is not None
+        done = self._rerun.setdefault(name, set())
+        again = [
+            child
+            for child in children
+            if child is not None
+            and child.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+            and child.task_id not in done
+        ]
+        if not again:
+            return False
+        now = self._ctx.clock.now()
+
+        async def rerun(child: Job) -> None:
+            try:
+                await self._app.backend.replay(
+                    child.task_id,
+                    now=now,
+                    extra_attempts=self._app.replay_budget(child.type),
+                    cancelled_too=True,
+                )
+            except (InvalidTransitionError, JobNotFoundError):
+                pass  # rerun by an earlier run that died before its record, or expired: as is
+
+        for start in range(0, len(again), _SPAWN_CHUNK):
+            await asyncio.gather(*(rerun(child) for child in again[start : start + _SPAWN_CHUNK]))
+        ids = [child.task_id for child in again]
+        # Recorded after the replays: a run that dies before this may run one twice, never
+        # none (a record first would let the next run take them as failed anew).
+        await self._ctx.backend.append_event(
+            self.job_id, self._ctx.fence, RERUN_EVENT, {"name": name, "children": ids}, now=now
+        )
+        done.update(ids)
+        return True
 
     def _next_poll(self, changed: bool) -> float:
         """When to look at the children again if none wakes it first: ``pipeline_poll_s``

@@ -73,6 +73,40 @@ async def test_only_failed_jobs_can_be_replayed(backend: Backend, status: JobSta
     assert await snapshot(backend, job.task_id) == before
 
 
+@pytest.mark.parametrize("running", [False, True])
+async def test_a_cancelled_job_is_replayed_only_when_asked(backend: Backend, running: bool) -> None:
+    # (A pipeline's replay runs again the children its failure cancelled, queued or running.)
+    job = await enqueue(backend, now=T0)
+    if running:
+        await claim_one(backend, job.task_id, worker="w1", now=T0 + 1)
+    cancelled, _ = await backend.cancel(job.task_id, now=T0 + 2)
+    before = await snapshot(backend, job.task_id)
+    with pytest.raises(InvalidTransitionError):
+        await backend.replay(job.task_id, now=T0 + 10, extra_attempts=1)
+    assert await snapshot(backend, job.task_id) == before
+    replayed = await backend.replay(job.task_id, now=T0 + 10, extra_attempts=1, cancelled_too=True)
+    assert replayed.status == JobStatus.QUEUED and replayed.run_at == T0 + 10
+    assert replayed.finished_at is None and replayed.expires_at is None
+    assert replayed.max_attempts == cancelled.attempts + 1
+    listed = await backend.list_jobs(status=JobStatus.QUEUED)
+    assert [j.task_id for j in listed.jobs] == [job.task_id]
+    stats = await backend.stats(now=T0 + 10)
+    assert stats.counts[JobStatus.QUEUED] == 1 and stats.counts[JobStatus.CANCELLED] == 0
+    again = await claim_one(backend, job.task_id, worker="w1", now=T0 + 11)
+    # The cancel of the attempt it stopped is not one of this attempt's.
+    signals = await backend.poll_cancellations("w1")
+    assert signals.get(job.task_id) != again.fence
+    done = await backend.finish(job.task_id, again.fence, Complete(result=1), now=T0 + 12)
+    assert done.status == JobStatus.COMPLETED
+
+
+@pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.COMPLETED])
+async def test_cancelled_too_replays_no_other_status(backend: Backend, status: JobStatus) -> None:
+    job = await drive(backend, status)
+    with pytest.raises(InvalidTransitionError):
+        await backend.replay(job.task_id, now=T0 + 10, extra_attempts=1, cancelled_too=True)
+
+
 async def test_replay_twice_only_works_once(backend: Backend) -> None:
     failed = await drive(backend, JobStatus.FAILED)
     await backend.replay(failed.task_id, now=T0 + 10, extra_attempts=1)

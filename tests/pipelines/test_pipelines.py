@@ -402,6 +402,73 @@ async def test_a_child_is_not_deleted_while_its_parent_runs_nor_replayed_after_i
     assert len((await bb.list(parent_id=job.task_id, limit=10)).jobs) == 2
 
 
+async def test_a_replayed_pipeline_runs_again_the_children_its_failure_ended(
+    bb: Backburner,
+) -> None:
+    # A replay found the failed child failed again and failed at once: a pipeline failed by a
+    # child could never be replayed, nor the child on its own (its parent had ended).
+    runs: Counter[int] = Counter()
+    fails_left = {1: 2}
+    gate = asyncio.Event()
+
+    @bb.task(max_attempts=1)
+    async def work(ctx: JobContext, n: int) -> int:
+        runs[n] += 1
+        if fails_left.get(n, 0) > 0:
+            fails_left[n] -= 1
+            raise PermanentError(f"{n} fails")
+        if n == 2:
+            await gate.wait()  # still open when its sibling fails: the failure cancels it
+        return n * 10
+
+    @bb.pipeline
+    async def fan(ctx: Any) -> list[int]:
+        return list(await ctx.map("all", work, [0, 1, 2]))
+
+    async def children() -> dict[int, Job]:
+        listed = await bb.list(parent_id=job.task_id, limit=10)
+        return {child.input["n"]: child for child in listed.jobs}
+
+    async def all_ended() -> bool:
+        found = await children()
+        return len(found) == 3 and all(child.is_terminal for child in found.values())
+
+    async with bb, running_worker(bb, concurrency=4):
+        job = await bb.enqueue("fan")
+        failed = await bb.wait(job.task_id, timeout=30)
+        assert failed.status == JobStatus.FAILED and failed.error is not None
+        assert "1 fails" in failed.error.message
+        await eventually(all_ended, message="the children ended")
+        first = await children()
+        assert {n: c.status for n, c in first.items()} == {
+            0: JobStatus.COMPLETED,
+            1: JobStatus.FAILED,
+            2: JobStatus.CANCELLED,
+        }
+        gate.set()
+
+        # The first replay runs 1 and 2 again; 1 fails again, and so does the pipeline: once
+        # per replay, not over and over.
+        await bb.replay(job.task_id)
+        again = await bb.wait(job.task_id, timeout=30)
+        assert again.status == JobStatus.FAILED and again.error is not None
+        assert "1 fails" in again.error.message
+        assert runs[1] == 2
+        await eventually(all_ended, message="the children ended again")
+
+        await bb.replay(job.task_id)
+        done = await bb.wait(job.task_id, timeout=30)
+        last = await children()
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == [0, 10, 20]
+    assert runs[0] == 1 and runs[1] == 3  # a completed child keeps its result
+    assert {n: c.task_id for n, c in last.items()} == {n: c.task_id for n, c in first.items()}
+    assert {c.status for c in last.values()} == {JobStatus.COMPLETED}
+    reruns = [e.data for e in await bb.events(job.task_id) if e.type == "rerun"]
+    assert reruns[0] == {"name": "all", "children": [first[1].task_id, first[2].task_id]}
+    assert len(reruns) == 2 and first[1].task_id in reruns[1]["children"]
+
+
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
     # It was woken at once, every time: 560-1,440 runs in 8 s, a core's worth of CPU.
     runs: list[float] = []

@@ -1,4 +1,4 @@
--- ARGV: P, id, now, extra_attempts, max_in_flight|''
+-- ARGV: P, id, now, extra_attempts, max_in_flight|'', cancelled_too 0|1
 -- Refused ({'quota', tenant}, nothing written) when the job's tenant has max_in_flight jobs
 -- queued or processing. Everything is read and checked before the first write, so no input
 -- makes the script fail half-way (a job queued in no queue, a count off by one).
@@ -7,7 +7,10 @@ local j = jkey(id)
 local f = redis.call('HMGET', j, 'status', '_ty', '_sq', 'attempts', '_dl', '_ik', 'priority',
   '_pq', 'tenant', '_fc', 'parent_id', '_es')
 if not f[1] then return {'missing'} end
-if f[1] ~= '"failed"' then return {'invalid', raw(f[1])} end
+local was = raw(f[1])
+if not (was == 'failed' or (was == 'cancelled' and ARGV[6] == '1')) then
+  return {'invalid', was}
+end
 local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[2], f[3], f[7], f[8], f[9],
   f[10])
 if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
@@ -27,7 +30,7 @@ redis.call('PERSIST', ekey(id))
 if f[6] then redis.call('PERSIST', P .. 'k:' .. f[6]) end
 expire_webhooks(id, nil) -- its messages stay as they are, and live as long as it does
 redis.call('ZREM', EXPIRING, id)
-reindex(id, ty, seq, 'failed', 'queued')
+reindex(id, ty, seq, was, 'queued')
 redis.call('HINCRBY', QPRIO, priority, 1)
 join_flight(tenant, parent_of(f[11]))
 event(id, 'status', '{"status":"queued","replayed":true}', now, f[12])
