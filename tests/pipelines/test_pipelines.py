@@ -15,7 +15,7 @@ import pytest
 from backburner import Backburner, Job, JobContext
 from backburner.errors import InvalidTransitionError, PermanentError, Retry, Suspend
 from backburner.models import JobStatus
-from backburner.pipelines import StepRetry
+from backburner.pipelines import StepRetry, cancel_children
 
 from ..conftest import BACKENDS, drop_redis_keys, make_backend
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
@@ -467,6 +467,24 @@ async def test_a_replayed_pipeline_runs_again_the_children_its_failure_ended(
     reruns = [e.data for e in await bb.events(job.task_id) if e.type == "rerun"]
     assert reruns[0] == {"name": "all", "children": [first[1].task_id, first[2].task_id]}
     assert len(reruns) == 2 and first[1].task_id in reruns[1]["children"]
+
+
+async def test_the_cascade_of_a_failure_stops_once_the_parent_is_replayed(
+    bb: Backburner,
+) -> None:
+    # A replay (its run) runs again the children that had failed or been cancelled: the
+    # cascade of the earlier failure, still paging through the children, must not cancel them.
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    async with bb:
+        parent = await bb.enqueue("noop")
+        kids = [await bb.enqueue("noop", parent_id=parent.task_id) for _ in range(3)]
+        await cancel_children(bb, parent.task_id, while_failed=True)  # queued: not failed
+        assert {(await bb.get(k.task_id)).status for k in kids} == {JobStatus.QUEUED}
+        await cancel_children(bb, parent.task_id)
+        assert {(await bb.get(k.task_id)).status for k in kids} == {JobStatus.CANCELLED}
 
 
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
