@@ -181,7 +181,8 @@ class Pacer:
         """Seconds to wait before looking again after a look that could not be made (the
         API restarting, or answering 503 past the client's own retries); re-raises
         ``problem`` once the API has been away for OUTAGE_S, or past the deadline. A wait
-        for an hours-long job rode out no more than 3.5 s of a restart."""
+        for an hours-long job rode out no more than 3.5 s of a restart. A 503's Retry-After
+        is a floor under the delay, as for a poll's."""
         now = self.clock()
         if self.down_since is None:
             self.down_since = now
@@ -191,6 +192,9 @@ class Pacer:
             raise problem
         delay = min(self.max_interval, 2.0 ** min(self.polls, 5))
         self.polls += 1
+        asked = problem.retry_after if isinstance(problem, APIError) else None
+        if asked is not None:  # a 503's Retry-After, short of the outage's end (a last look)
+            delay = max(delay, min(asked, OUTAGE_S - (now - self.down_since)))
         if self.deadline is not None and self.timeout is not None:
             left = self.deadline - now
             if left <= 0:  # (as a wait that ran out of time while the API answered)

@@ -188,6 +188,23 @@ def test_a_wait_rides_out_an_api_restart_but_not_a_lasting_outage() -> None:
     assert clock.now == 0  # not a passing failure: no waiting
 
 
+def test_a_wait_through_an_outage_keeps_to_the_servers_retry_after() -> None:
+    # It looked again after 1, 2, 4 ... s whatever the 503 asked.
+    clock = FakeClock()
+    times: list[float] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        times.append(clock.now)
+        if clock.now < 200:
+            body = {"error": {"type": "backend_unavailable", "message": "maintenance"}}
+            return httpx.Response(503, json=body, headers={"Retry-After": "50"})
+        return httpx.Response(200, json=job_view("completed"))
+
+    with _scripted(api, clock) as client:
+        assert client.wait("task_abc").status == "completed"
+    assert len(times) >= 3 and min(gaps(times)) >= 50, gaps(times)
+
+
 def _scripted(answer: Any, clock: FakeClock) -> Client:
     transport = httpx.MockTransport(answer)
     return Client("http://api.test", transport=transport, sleep=clock.sleep, clock=clock)
