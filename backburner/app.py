@@ -581,9 +581,14 @@ class Backburner:
             if parent is None or parent.is_terminal:
                 # (Its start would cancel it: a child of an ended pipeline or batch never runs.)
                 ended = "is gone" if parent is None else f"is {parent.value}"
+                hint = (
+                    " (replay that one: it runs its failed children again)"
+                    if parent is JobStatus.FAILED
+                    else ""
+                )
                 raise InvalidTransitionError(
                     f"job {task_id} is a child of {job.parent_id}, which {ended}: it cannot"
-                    " run again on its own"
+                    f" run again on its own{hint}"
                 )
         return await self.backend.replay(
             task_id,

@@ -445,6 +445,8 @@ async def test_a_replayed_pipeline_runs_again_the_children_its_failure_ended(
             1: JobStatus.FAILED,
             2: JobStatus.CANCELLED,
         }
+        with pytest.raises(InvalidTransitionError, match=r"which is failed.*replay that one"):
+            await bb.replay(first[1].task_id)
         gate.set()
 
         # The first replay runs 1 and 2 again; 1 fails again, and so does the pipeline: once
