@@ -41,6 +41,22 @@ CREATE INDEX IF NOT EXISTS webhooks_due ON webhooks (next_at) WHERE status = 'pe
 CREATE INDEX IF NOT EXISTS webhooks_failed ON webhooks (settled_at DESC, msg_id DESC)
     WHERE status = 'failed';
 CREATE INDEX IF NOT EXISTS webhooks_task ON webhooks (task_id, created_at);
+-- Messages by status, kept by triggers: /metrics (which needs no key) and stats read them at
+-- every scrape; counting the table took 0.7 s with a day's 310,000 messages.
+CREATE TABLE IF NOT EXISTS webhook_counts (status TEXT PRIMARY KEY, n INTEGER NOT NULL)
+    WITHOUT ROWID;
+INSERT OR IGNORE INTO webhook_counts VALUES ('pending', 0), ('delivered', 0), ('failed', 0);
+CREATE TRIGGER IF NOT EXISTS webhooks_count_insert AFTER INSERT ON webhooks BEGIN
+    UPDATE webhook_counts SET n = n + 1 WHERE status = NEW.status;
+END;
+CREATE TRIGGER IF NOT EXISTS webhooks_count_update AFTER UPDATE OF status ON webhooks
+    WHEN OLD.status != NEW.status BEGIN
+    UPDATE webhook_counts SET n = n - 1 WHERE status = OLD.status;
+    UPDATE webhook_counts SET n = n + 1 WHERE status = NEW.status;
+END;
+CREATE TRIGGER IF NOT EXISTS webhooks_count_delete AFTER DELETE ON webhooks BEGIN
+    UPDATE webhook_counts SET n = n - 1 WHERE status = OLD.status;
+END;
 -- Tenants (sqlite_tenants.py). The claim order: within a priority, by fair-share tag; a queued
 -- job without a tag has not joined its tenant's line yet (it is not due, or was queued by an
 -- earlier release): the claim gives the due ones their tags first (jobs_untagged).
@@ -396,6 +412,7 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
             if column not in columns:
                 conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {declaration}")
         counted = _has_table(conn, "tenant_lines")
+        messages_counted = _has_table(conn, "webhook_counts")
         for index in _SUPERSEDED:
             conn.execute(f"DROP INDEX IF EXISTS {index}")
         # Made again below from today's definitions (since children, a child is not counted).
@@ -408,6 +425,11 @@ def _upgrade_version_1(conn: sqlite3.Connection) -> None:
             conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         for statement in _statements(ADDED_SINCE_VERSION_1):
             conn.execute(statement)
+        if not messages_counted:  # as tenant_lines below
+            conn.execute(
+                "UPDATE webhook_counts SET n = (SELECT count(*) FROM webhooks"
+                " WHERE webhooks.status = webhook_counts.status)"
+            )
         if not counted:  # its triggers keep it from now on; count what is there once
             conn.execute(
                 "INSERT INTO tenant_lines (tenant, type, priority, in_flight, last_tag)"

@@ -201,7 +201,7 @@ class SQLiteWebhooks:
     async def webhook_counts(self) -> dict[str, int]:
         def op(conn: sqlite3.Connection) -> dict[str, int]:
             counts = {status.value: 0 for status in WebhookStatus}
-            for status, n in conn.execute("SELECT status, count(*) FROM webhooks GROUP BY 1"):
+            for status, n in conn.execute("SELECT status, n FROM webhook_counts"):
                 counts[status] = n
             return counts
 

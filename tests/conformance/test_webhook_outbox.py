@@ -338,3 +338,5 @@ async def test_counts_and_the_list_of_failed_messages(backend: Backend) -> None:
     rest, end = await backend.failed_webhooks(limit=5, cursor=cursor)
     assert [m.task_id for m in rest] == [ids[0]] and end is None
     assert rest[0].attempts[-1].status_code == 410
+    assert await backend.delete(ids[0]) is True  # its messages go with it
+    assert await backend.webhook_counts() == {"pending": 1, "delivered": 0, "failed": 1}

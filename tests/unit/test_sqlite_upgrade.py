@@ -129,3 +129,29 @@ async def test_a_file_with_an_earlier_cancel_trigger_gets_todays(tmp_path: Path)
         ).fetchone()
     conn.close()
     assert "last_tag = OLD.fair_tag" in sql
+
+
+async def test_a_file_from_before_webhook_counts_counts_its_messages_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    engine = SQLiteBackend(path)
+    await engine.connect()
+    try:
+        for i in range(3):
+            job, _ = await engine.enqueue(new_job(webhook_url="https://example.com/hook"))
+            (claimed,) = await engine.claim("w1", limit=1, now=T0 + i, lease_s=LEASE)
+            await engine.finish(job.task_id, claimed.fence, Complete(i), now=T0 + i)
+    finally:
+        await engine.close()
+    with sqlite3.connect(path) as conn:
+        for trigger in ("insert", "update", "delete"):
+            conn.execute(f"DROP TRIGGER webhooks_count_{trigger}")
+        conn.execute("DROP TABLE webhook_counts")
+    conn.close()
+    for _ in range(2):  # the second open finds the file up to date and counts nothing twice
+        engine = SQLiteBackend(path)
+        await engine.connect()
+        try:
+            assert await engine.webhook_counts() == {"pending": 3, "delivered": 0, "failed": 0}
+        finally:
+            await engine.close()
+    assert {"webhook_counts", "webhooks_count_insert"} <= _schema_names(path)
