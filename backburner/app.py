@@ -114,7 +114,9 @@ class Backburner:
             self.backend = backend
         self.metrics = Metrics()
         """Prometheus metrics of this process (``GET /metrics``; docs/metrics.md)."""
-        self.hooks = HookChain([self.metrics.hook(), ParentWaker(self), *hooks])
+        self.hooks = HookChain(
+            [self.metrics.hook(lambda: self.clock.now()), ParentWaker(self), *hooks]
+        )
         self.clock: Clock = clock or SystemClock()
         self.tenants = TenantPolicies.from_source(self.settings.tenants)
         """Each tenant's limits and fair-share weight (the ``tenants`` setting)."""

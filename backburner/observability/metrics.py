@@ -10,7 +10,7 @@ process; aggregate the counters with ``sum()`` and the gauges with ``max()``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..hooks import Hooks
@@ -151,9 +151,10 @@ class Metrics:
             self._registry = registry
         return self._registry
 
-    def hook(self) -> Hooks:
-        """The lifecycle hook that feeds the counters and histograms."""
-        return _MetricsHook(self)
+    def hook(self, now: Callable[[], float] = time.time) -> Hooks:
+        """The lifecycle hook that feeds the counters and histograms; ``now``: the clock of
+        the process it runs in (a job starts by it)."""
+        return _MetricsHook(self, now)
 
     async def refresh(self, backend: Backend, *, now: float) -> None:
         """Set the deployment-wide gauges from the backend; if that fails, mark them stale
@@ -196,8 +197,9 @@ def _woken(history: Sequence[AttemptRecord]) -> bool:
 
 
 class _MetricsHook(Hooks):
-    def __init__(self, m: Metrics) -> None:
+    def __init__(self, m: Metrics, now: Callable[[], float]) -> None:
         self.m = m
+        self.now = now
 
     async def on_enqueue(self, job: Job) -> None:
         self.m.submitted.labels(job.type).inc()
@@ -208,8 +210,10 @@ class _MetricsHook(Hooks):
             return  # a pipeline woken after waiting for its children: the same attempt
         self.m.started.labels(job.type).inc()
         if job.started_at is not None:
+            # Now, not started_at: a job handed to an idle worker (Redis) is written claimed
+            # by the enqueue, started at its creation, however late the worker hears of it.
             due = max(job.created_at, job.run_at)
-            self.m.queue_latency.labels(job.type).observe(max(0.0, job.started_at - due))
+            self.m.queue_latency.labels(job.type).observe(max(0.0, self.now() - due))
 
     async def on_retry(self, job: Job, error: ErrorInfo) -> None:
         self.m.retries.labels(job.type, error.type).inc()

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from backburner import Backburner, PermanentError, Retry
 from backburner.api import create_app
 from backburner.errors import BackendError
-from backburner.models import JobStatus
+from backburner.models import Job, JobStatus
+from backburner.observability.metrics import Metrics
 from backburner.observability.ops_server import OpsServer
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
@@ -240,3 +241,22 @@ async def test_a_pipeline_that_waits_for_its_children_is_one_attempt(tmp_path: P
         found, "backburner_task_duration_seconds_sum", type="parent", model="", outcome="completed"
     )
     assert total >= 0.3 and total <= waited + 5  # its first run to its end, waits included
+
+
+async def test_queue_latency_runs_to_the_start_in_the_worker() -> None:
+    # A job handed to an idle worker (Redis) is written claimed by its enqueue, started_at its
+    # creation: its latency read 0 whatever the worker's delay in taking it up.
+    metrics = Metrics()
+    hook = metrics.hook(lambda: 103.25)
+    handed = Job(
+        task_id="task_x",
+        type="summarize",
+        status=JobStatus.PROCESSING,
+        created_at=100.0,
+        run_at=100.0,
+        started_at=100.0,
+        attempts=1,
+    )
+    await hook.on_start(handed)
+    found = samples(metrics.render().decode())
+    assert value(found, "backburner_task_queue_latency_seconds_sum", type="summarize") == 3.25
