@@ -172,7 +172,8 @@ class Metrics:
         for status in JobStatus:
             self.jobs.labels(status.value).set(stats.counts.get(status, 0))
         self.queue_depth.clear()
-        for priority, n in stats.queued_by_priority.items():
+        # Priority 0, the default, always has a series: an empty queue reads 0, not "no data".
+        for priority, n in {0: 0, **stats.queued_by_priority}.items():
             self.queue_depth.labels(str(priority)).set(n)
         self.in_flight.set(
             stats.counts.get(JobStatus.QUEUED, 0) + stats.counts.get(JobStatus.PROCESSING, 0)
