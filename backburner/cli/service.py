@@ -26,7 +26,6 @@ from .common import (
     AppArgument,
     BackendOption,
     ModelsOption,
-    err,
     fail,
     job_table,
     load_app,
@@ -150,7 +149,7 @@ def _with_keys(settings: Settings, insecure: bool) -> tuple[Settings, str | None
             " --insecure",
             2,
         )
-    warning = f"warning: no API keys, so anyone who can reach {where} may use the API"
+    warning = f"no API keys, so anyone who can reach {where} may use the API"
     return settings, warning + ("" if insecure else " (fine on loopback, for local development)")
 
 
@@ -170,8 +169,8 @@ def _serve_http(
     # The backend, once, before the server: a Redis that is down, a SQLite file that cannot
     # be opened, is a line here, not uvicorn's traceback of its failed startup.
     run(_reachable(bb), event_loop)
-    if warning is not None:
-        err().print(warning, highlight=False, soft_wrap=True)
+    if warning is not None:  # (a log line: one JSON object under --log-format json)
+        logging.getLogger("backburner.api").warning(warning)
     url = f"http://{settings.host}:{settings.port}"
     console = out()
     role = "API and worker" if run_worker else "API"

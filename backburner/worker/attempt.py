@@ -304,7 +304,11 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
             if landed is not None:
                 stored = landed
                 break
-            log.info("job %s: lease lost before its outcome was written; dropped", job.task_id)
+            log.info(
+                "job %s: lease lost before its outcome was written; dropped",
+                job.task_id,
+                extra=job_fields(job, "lease_lost"),
+            )
             attempt.settled = True
             return None
         except InvalidInputError as exc:  # the result or usage cannot be stored
@@ -314,7 +318,12 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
             _log_failed_attempt(job, error)
             outcome = Fail(error, dead_letter_ttl)
         except CorruptRecordError as exc:  # written, but the job cannot be read back
-            log.error("job %s: outcome stored, but %s", job.task_id, exc.args[0].partition(": ")[2])
+            log.error(
+                "job %s: outcome stored, but %s",
+                job.task_id,
+                exc.args[0].partition(": ")[2],
+                extra=job_fields(job, "outcome_unreadable"),
+            )
             attempt.settled = True
             return None
         except BackendError as exc:
@@ -323,15 +332,26 @@ async def _write(app: Backburner, attempt: Attempt, outcome: Outcome) -> tuple[O
                     "job %s: outcome not stored (%s); the job runs again when its lease expires",
                     job.task_id,
                     exc,
+                    extra=job_fields(job, "outcome_not_stored"),
                 )
                 return None
-            log.info("job %s: outcome not stored (%s); retrying in %.2fs", job.task_id, exc, delay)
+            log.info(
+                "job %s: outcome not stored (%s); retrying in %.2fs",
+                job.task_id,
+                exc,
+                delay,
+                extra=job_fields(job, "outcome_retry"),
+            )
             retried = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         except Exception as exc:  # a bug, not the storage: fail the job rather than loop
             failures += 1
-            log.exception("job %s: could not store its outcome", job.task_id)
+            log.exception(
+                "job %s: could not store its outcome",
+                job.task_id,
+                extra=job_fields(job, "outcome_error"),
+            )
             if isinstance(outcome, Release | Wait) or failures > 1:
                 return None  # the lease will expire and the sweeper re-queues the job
             error = ErrorInfo(type="internal_error", message=f"outcome not stored: {exc}")

@@ -18,6 +18,7 @@ from ..aio import wait_all_or
 from ..backends.base import NextClaim, Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
+from ..observability.logs import job_fields
 from ..webhooks.alerts import DeadLetterAlerts
 from ..webhooks.dispatcher import WebhookDispatcher
 from .attempt import CANCELLED, LEASE_LOST, SHUTDOWN, Attempt, execute
@@ -558,8 +559,14 @@ class Worker:
         self._last_beat = issued
         for task_id, fence in held.items():
             # An attempt that finished during the round trip is not renewed, and not lost.
+            attempt = self.running.get((task_id, fence))
             if renewed.get(task_id) != fence and self.cancel_local(task_id, fence, LEASE_LOST):
-                log.warning("job %s: lease lost; stopped it", task_id)
+                assert attempt is not None  # (cancel_local found it)
+                log.warning(
+                    "job %s: lease lost; stopped it",
+                    task_id,
+                    extra=job_fields(attempt.job, "lease_lost"),
+                )
 
     async def _orphans(self) -> None:
         """Cancel the children running here whose parent has ended: a parent's cancel (or

@@ -5,6 +5,7 @@ big tenant's backlog; ``serve`` refuses to listen beyond loopback without keys."
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -137,6 +138,7 @@ async def test_serve_refuses_a_public_address_without_keys(tmp_path: Path) -> No
     [
         (["--host", "127.0.0.1"], {}, "no API keys"),
         (["--host", "0.0.0.0", "--insecure"], {}, "no API keys"),
+        (["--host", "127.0.0.1", "--log-format", "json"], {}, '"level": "warning"'),
         (["--host", "0.0.0.0"], {"BACKBURNER_API_KEYS": f"acme:{KEY}"}, None),
     ],
 )
@@ -163,6 +165,9 @@ async def test_serve_starts_on_loopback_with_insecure_or_with_keys(
                 assert answer.status_code == 401
         else:
             assert warning in text, text
+            for line in text.splitlines():  # a log line, JSON under --log-format json
+                if "no API keys" in line and "--log-format" in " ".join(args):
+                    assert json.loads(line)["level"] == "warning", line
     finally:
         proc.kill()
         proc.wait(15)
