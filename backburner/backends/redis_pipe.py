@@ -5,6 +5,7 @@ hold one; redis_wake and redis_watch take theirs over too)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,7 +110,11 @@ class Pipe:
         self._progress = self.last_active
         """When the oldest unanswered command was sent, or a reply last came."""
         self._watch_every = min(1.0, reply_timeout_s / 2)
-        self._watchdog = self._loop.call_later(self._watch_every, self._watch)
+        # (In a context of its own, as it renews itself: not a copy of a job's, kept for as
+        # long as the connection lives.)
+        self._watchdog = self._loop.call_later(
+            self._watch_every, self._watch, context=contextvars.Context()
+        )
         assert connection._writer is not None
         self._transport = connection._writer.transport  # first: taking over may fail at once
         take_over(connection, self.received, self.fail, where)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,10 @@ class CoarseTimeouts:
         attempts = self._due.get(slot)
         if attempts is None:
             attempts = self._due[slot] = set()
-            loop.call_at(slot * self.grain_s, self._expire, slot)
+            # In a context of its own: a copy of the arming job's (its JobContext, the job, its
+            # input) would live as long as the timer, for the whole timeout. A worker running
+            # batches (an hour's timeout, megabytes of input) kept every one it had ended.
+            loop.call_at(slot * self.grain_s, self._expire, slot, context=contextvars.Context())
         attempts.add(attempt)
         return slot
 
