@@ -4,6 +4,7 @@ refusing the batch by its custom_id, cancel, idempotency, quotas."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import Counter
@@ -482,3 +483,28 @@ async def test_an_app_with_a_batch_task_of_its_own_keeps_it(tmp_path: Path) -> N
         assert mine.status_code == 202, mine.text
         assert_error(await client.post("/v1/batches", json={"requests": [GOOD]}), 404)
         assert not any("batches" in path for path in app.openapi()["paths"])
+
+
+async def test_an_api_process_reads_and_stores_one_batch_at_a_time(tmp_path: Path) -> None:
+    # Each takes about 8 times its size at its peak: two maximal batches at once took an API
+    # process to 921 MiB, past its k8s limit.
+    async with batch_server("asgi", tmp_path, run_worker=False) as server:
+        bb = server.app.state.api.bb
+        store = bb.submit
+        inside = 0
+        most = 0
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal inside, most
+            inside += 1
+            most = max(most, inside)
+            try:
+                await asyncio.sleep(0.2)
+                return await store(*args, **kwargs)
+            finally:
+                inside -= 1
+
+        bb.submit = counted
+        ids = await asyncio.gather(*(submit_batch(server.client, prompts(3)) for _ in range(3)))
+    assert len(set(ids)) == 3
+    assert most == 1
