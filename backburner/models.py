@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -191,6 +191,13 @@ class WebhookDelivery(BaseModel):
     """Grows with every claim (and redelivery): an attempt is recorded only under its claim."""
     tries: int = 0
     """Attempts since the message became pending (by creation or redelivery)."""
+
+
+def continues_attempt(history: Sequence[AttemptRecord]) -> bool:
+    """True if the run that just started goes on its attempt's run before it: a pipeline that
+    parked (``waiting``) for its children. A job handed back (``released``, at a shutdown or
+    unstarted) starts again: that is a start."""
+    return len(history) >= 2 and history[-2].outcome == "waiting"
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -272,6 +272,10 @@ class Wait:
     reason: str = "waiting"
     children: bool = False
     """It waits for its children (a pipeline): woken, too, as soon as none is open."""
+    usage: dict[str, Any] | None = None
+    """The attempt's usage so far, stored as the job's (None leaves it as it was): the next
+    run of the attempt goes on from it, so a pipeline's usage counts the model calls of every
+    run, not only of the last."""
 
 
 Outcome = Complete | Fail | RetryAt | Release | Wait

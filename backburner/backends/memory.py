@@ -422,6 +422,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             self._event(stored, "status", {"status": "queued"}, now)
             self._wake()
         elif isinstance(outcome, Wait):
+            usage = check_usage(outcome.usage)
             stored.tag = None
             if outcome.run_at <= now:
                 stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
@@ -432,6 +433,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
                 run_at=outcome.run_at,
                 worker_id=None,
                 lease_expires_at=None,
+                usage=Usage(**usage) if usage is not None else job.usage,
                 history=self._close_history(job, now, "waiting", None),
             )
             self._event(stored, "status", {"status": "queued", "waiting": outcome.reason}, now)

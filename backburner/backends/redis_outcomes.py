@@ -87,5 +87,12 @@ def outcome_args(outcome: Outcome, now: float) -> list[str]:
         return ["release", reason]
     if isinstance(outcome, Wait):
         reason = encode({"status": "queued", "waiting": outcome.reason})
-        return ["wait", reason, number(outcome.run_at), "1" if outcome.run_at > now else "0"]
+        usage = check_usage(outcome.usage)
+        return [
+            "wait",
+            reason,
+            number(outcome.run_at),
+            "1" if outcome.run_at > now else "0",
+            "" if usage is None else encode(usage, "usage"),
+        ]
     raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union

@@ -85,10 +85,16 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
         # Like a Release, but due at run_at (finish also takes the job out of its tenant's
         # line until then); encoded here, so a reason that is not JSON is refused up front.
         waiting = encode({"status": "queued", "waiting": outcome.reason})
+        usage = check_usage(outcome.usage)
         return OutcomeUpdate(
             "status = 'queued', attempts = attempts - 1, run_at = :run_at, worker_id = NULL,"
-            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_close_history()}",
-            {"outcome": "waiting", "run_at": outcome.run_at},
+            " lease_expires_at = NULL, usage = COALESCE(:usage, usage),"
+            f" event_seq = event_seq + 1, {_close_history()}",
+            {
+                "outcome": "waiting",
+                "run_at": outcome.run_at,
+                "usage": None if usage is None else encode(usage, "usage"),
+            },
             [("status", EncodedJSON(waiting))],
         )
     raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union

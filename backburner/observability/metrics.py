@@ -10,11 +10,11 @@ process; aggregate the counters with ``sum()`` and the gauges with ``max()``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..hooks import Hooks
-from ..models import AttemptRecord, ErrorInfo, Job, JobStatus
+from ..models import ErrorInfo, Job, JobStatus, continues_attempt
 from .series import CounterFamily, Families, GaugeFamily, HistogramFamily
 
 if TYPE_CHECKING:
@@ -190,13 +190,6 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def _woken(history: Sequence[AttemptRecord]) -> bool:
-    """True if the run that just started goes on its attempt's run before it: a pipeline that
-    parked (``waiting``) for its children. A job handed back (``released``, at a shutdown or
-    unstarted) starts again: that is a start."""
-    return len(history) >= 2 and history[-2].outcome == "waiting"
-
-
 class _MetricsHook(Hooks):
     def __init__(self, m: Metrics, now: Callable[[], float]) -> None:
         self.m = m
@@ -207,7 +200,7 @@ class _MetricsHook(Hooks):
 
     async def on_start(self, job: Job) -> None:
         history = job.history
-        if _woken(history):
+        if continues_attempt(history):
             return  # a pipeline woken after waiting for its children: the same attempt
         self.m.started.labels(job.type).inc()
         if job.started_at is not None:

@@ -19,7 +19,7 @@ from ..errors import (
     Suspend,
     WaitForChildren,
 )
-from ..models import ErrorInfo, Job
+from ..models import ErrorInfo, Job, continues_attempt
 from ..observability.logs import job_fields
 from .timeouts import TIMED_OUT, CoarseTimeouts
 
@@ -93,6 +93,9 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
         on_webhook=app.poke_webhooks,
         tracing=app.tracing,
     )
+    if job.usage is not None and continues_attempt(job.history):
+        # The usage of the attempt's earlier runs (a pipeline that parked): its calls count.
+        ctx.usage = job.usage.model_dump()
     activate(ctx)
     app.tracing.queue_wait(job)
     try:
@@ -189,7 +192,12 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         run_at = app.clock.now() + exc.after
         if job.deadline_at is not None:  # (then it runs to fail, and its children go too)
             run_at = min(run_at, job.deadline_at)
-        return Wait(run_at, exc.reason, children=isinstance(exc, WaitForChildren))
+        return Wait(
+            run_at,
+            exc.reason,
+            children=isinstance(exc, WaitForChildren),
+            usage=ctx.usage or None,
+        )
     except Exception as exc:
         return _failure(app, attempt, exc)
 

@@ -192,6 +192,22 @@ async def test_wait_keeps_a_previous_attempts_error(backend: Backend) -> None:
     )
 
 
+async def test_wait_stores_the_attempts_usage_so_far(backend: Backend) -> None:
+    job = await drive(backend, JobStatus.PROCESSING)
+    spent = {"input_tokens": 10, "output_tokens": 5, "calls": 1}
+    waiting = await backend.finish(job.task_id, job.fence, Wait(LATER, usage=spent), now=T0 + 5)
+    stored = await backend.get(job.task_id)
+    assert stored is not None and stored.model_dump() == waiting.model_dump()
+    assert waiting.usage is not None and waiting.usage.model_dump() == spent
+    again = await claim_one(backend, job.task_id, worker="w2", now=LATER)
+    kept = await backend.finish(job.task_id, again.fence, Wait(LATER + 5), now=LATER + 1)
+    assert kept.usage is not None and kept.usage.model_dump() == spent  # none given: as it was
+    last = await claim_one(backend, job.task_id, worker="w2", now=LATER + 5)
+    more = {"input_tokens": 17, "output_tokens": 8, "calls": 2}
+    done = await backend.finish(job.task_id, last.fence, Complete(1, usage=more), now=LATER + 6)
+    assert done.usage is not None and done.usage.model_dump() == more
+
+
 @pytest.mark.parametrize("delta", [1, -1])
 async def test_wait_with_a_stale_fence_changes_nothing(backend: Backend, delta: int) -> None:
     job = await drive(backend, JobStatus.PROCESSING)

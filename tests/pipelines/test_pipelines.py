@@ -489,6 +489,33 @@ async def test_the_cascade_of_a_failure_stops_once_the_parent_is_replayed(
         assert {(await bb.get(k.task_id)).status for k in kids} == {JobStatus.CANCELLED}
 
 
+async def test_a_pipelines_usage_counts_the_calls_of_every_run(bb: Backburner) -> None:
+    # Only the last run's usage was stored: a research question's plan call, made before it
+    # parked for its searches, was in neither its usage nor the token metrics.
+    @bb.task
+    async def child(ctx: JobContext, n: int) -> int:
+        return n
+
+    @bb.pipeline
+    async def spend(ctx: Any) -> int:
+        def plan() -> int:
+            ctx.add_usage(input_tokens=10, output_tokens=5, calls=1)
+            return 1
+
+        await ctx.step("plan", plan)
+        found = await ctx.map("work", child, [1, 2])  # parks: the next run goes on from here
+        ctx.add_usage(input_tokens=7, output_tokens=3, calls=ctx.usage.get("calls", 0) + 1)
+        return int(sum(found))
+
+    async with bb, running_worker(bb, concurrency=2):
+        job = await bb.enqueue("spend")
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.usage is not None
+    assert done.usage.model_dump() == {"input_tokens": 17, "output_tokens": 8, "calls": 2}
+    assert done.attempts == 1
+
+
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
     # It was woken at once, every time: 560-1,440 runs in 8 s, a core's worth of CPU.
     runs: list[float] = []

@@ -5,7 +5,7 @@
 --   fail:     error, dead-letter ttl
 --   retry:    error, run_at, delayed 0|1
 --   release:  event data
---   wait:     event data, run_at, delayed 0|1
+--   wait:     event data, run_at, delayed 0|1, usage|'' (the attempt's so far)
 -- Returns {'lost'} or {'ok', the job as read_job makes it, next}; with want job 0, a completed
 -- or failed job is not read back: {'ok', false, expires_at, progress percent, progress message
 -- (JSON text) or nil, next}, what its caller cannot know from the job as it claimed it. next:
@@ -121,8 +121,13 @@ elseif kind == 'retry' then
   end
 elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like a RetryAt
   local run_at = ARGV[12]
-  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at,
-    '_es', '1'}, 'waiting', nil, 1) -- (its event makes the stream, if there was none)
+  local sets = {'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at,
+    '_es', '1'} -- (its event makes the stream, if there was none)
+  if ARGV[14] and ARGV[14] ~= '' then -- the attempt's usage so far (none: as it was)
+    sets[#sets + 1] = 'usage'
+    sets[#sets + 1] = ARGV[14]
+  end
+  write_job(sets, 'waiting', nil, 1)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, sq, 'processing', 'queued')
   tally(QPRIO, priority, 1, false)
