@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 import re
 import threading
@@ -25,6 +26,20 @@ EXCERPT_CHARS = 900
 INSTALL_HINT = "pip install 'backburner[research]'"
 
 _WORD = re.compile(r"(?u)\b\w\w+\b")
+log = logging.getLogger("backburner.research")
+
+
+def _nameable(relative: str) -> bool:
+    """Whether a document of this path can be named in a job (its JSON) and read by it
+    (``document`` refuses a backslash): a name that is not UTF-8 decodes with surrogates,
+    and a search result holding one could not be stored, failing every question it matched."""
+    if "\\" in relative:
+        return False
+    try:
+        relative.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def clip(text: str, limit: int) -> str:
@@ -104,7 +119,7 @@ def split_passages(path: str, text: str) -> Document:
             passages.append(Passage(path, len(passages), section, "\n\n".join(current)))
             current.clear()
 
-    for block in re.split(r"\n\s*\n", text.replace("\r\n", "\n")):
+    for block in re.split(r"\n\s*\n", text.replace("\r\n", "\n").replace("\r", "\n")):
         block = block.strip()
         if not block:
             continue
@@ -118,11 +133,33 @@ def split_passages(path: str, text: str) -> Document:
             if not rest:
                 continue
             block = rest
+        block = " ".join(block.split())
         if current and sum(len(c) for c in current) + len(block) > PASSAGE_CHARS:
             close()
-        current.append(" ".join(block.split()))
+        if len(block) <= PASSAGE_CHARS:
+            current.append(block)
+            continue
+        # A paragraph longer than a passage (a log, a file without blank lines) is cut into
+        # passages of its own: one passage of 1.9 MB made each search's stored result 19 MB.
+        for piece in _pieces(block):
+            current.append(piece)
+            close()
     close()
     return Document(path, title, tuple(passages))
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut into pieces of at most PASSAGE_CHARS characters, at a space if any."""
+    pieces: list[str] = []
+    while len(text) > PASSAGE_CHARS:
+        cut = text.rfind(" ", PASSAGE_CHARS // 2, PASSAGE_CHARS + 1)
+        if cut <= 0:
+            cut = PASSAGE_CHARS
+        pieces.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    if text:
+        pieces.append(text)
+    return pieces
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +194,26 @@ class ResearchLibrary:
                 path = Path(directory) / name
                 if name.startswith(".") or path.suffix.lower() not in EXTENSIONS:
                     continue
-                if not path.resolve().is_relative_to(self.root):  # a link out of the folder
+                relative = path.relative_to(self.root).as_posix()
+                if not _nameable(relative):
+                    log.warning(
+                        "research: %r not indexed: its name is not UTF-8 text without a backslash",
+                        relative,
+                    )
                     continue
-                if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
-                    continue  # a broken link, a device, or too large
-                found.append((path.relative_to(self.root).as_posix(), path))
+                target = path.resolve()
+                if not target.is_relative_to(self.root):  # a link out of the folder
+                    continue
+                if any(part.startswith(".") for part in target.relative_to(self.root).parts):
+                    continue  # a link to a hidden file (.env, .git/config): as hidden
+                if not path.is_file():
+                    continue  # a broken link, a device
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    log.warning(
+                        "research: %s not indexed: larger than %d bytes", relative, MAX_FILE_BYTES
+                    )
+                    continue
+                found.append((relative, path))
         return found
 
     def _build(self) -> _Index:

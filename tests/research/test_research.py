@@ -18,7 +18,7 @@ from backburner.models import JobStatus
 from backburner.providers import ModelRouter
 from backburner.providers.local import local_available
 from backburner.research import cite, grounded, install_research, parse_queries
-from backburner.research_index import Analyzer, ResearchLibrary, split_passages
+from backburner.research_index import PASSAGE_CHARS, Analyzer, ResearchLibrary, split_passages
 
 from ..conftest import BACKENDS, drop_redis_keys, make_backend
 from ..helpers import ROOT, WORKER_TEST_SETTINGS, running_worker
@@ -121,6 +121,18 @@ def test_headings_start_passages_and_paragraphs_are_packed() -> None:
     assert split_passages("notes_on-things.txt", "plain text").title == "notes on things"
 
 
+def test_a_paragraph_longer_than_a_passage_is_cut_into_passages() -> None:
+    # A log of 1.9 MB without a blank line was one passage: each search stored 19 MB.
+    words = " ".join(f"word{i}" for i in range(2000))
+    doc = split_passages("log.txt", f"Intro.\r\r{words}\r\r{'x' * 1500}")  # (CR line ends)
+    assert doc.passages[0].text == "Intro."
+    assert all(len(p.text) <= PASSAGE_CHARS for p in doc.passages)
+    texts = [p.text for p in doc.passages[1:]]
+    assert " ".join(t for t in texts if t.startswith("word")) == words
+    assert "".join(t for t in texts if t.startswith("x")) == "x" * 1500  # no space: cut hard
+    assert [p.number for p in doc.passages] == list(range(len(doc.passages)))
+
+
 # -- no path traversal ----------------------------------------------------------------------
 
 
@@ -156,6 +168,16 @@ def test_links_out_of_the_folder_and_other_files_are_not_indexed(tmp_path: Path)
     (folder / "link.md").symlink_to(outside)
     (folder / ".hidden.md").write_text("swordfish")
     (folder / "image.png").write_bytes(b"swordfish")
+    # A link inside the folder to a hidden file (.env, .git/config) is as hidden: git keeps
+    # links, so whoever commits to a docs repo could have served the checkout's token.
+    (folder / ".git").mkdir()
+    (folder / ".git" / "config").write_text("url = https://token:swordfish@example.com/x")
+    (folder / "faq.md").symlink_to(folder / ".git" / "config")
+    (folder / "setup.txt").symlink_to(folder / ".hidden.md")
+    # Names a job could not hold or a notes child could not read: every question that
+    # matched one failed (a search result with a lone surrogate cannot be stored).
+    (folder / os.fsdecode(b"caf\xe9 swordfish.md")).write_text("Queues hold swordfish.\n")
+    (folder / "lease\\notes.md").write_text("Queues hold swordfish.\n")
     library = ResearchLibrary(folder)
     assert list(library.documents) == ["sub/inside.md"]
     assert library.search("swordfish launch code") == []
