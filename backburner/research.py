@@ -35,7 +35,13 @@ MAX_QUESTION_CHARS = 2000
 MAX_QUERIES = 4
 NOTE_CHARS = 400
 
-_CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+_CITATION = re.compile(
+    r"\[\s*(?:sources?\s*)?(\d+(?:\s*(?:[,;\u2013-]|and)\s*\d+)*)\s*\]", re.IGNORECASE
+)
+"""A citation as models write them: ``[1]``, ``[1, 2]``, ``[ 1 ]``, ``[3-5]``, ``[Source 7]``."""
+_CITED = re.compile(r"(\d+)(?:\s*[\u2013-]\s*(\d+))?")
+MAX_RANGE = 20
+"""A range cites at most this many sources (``[1-1000]`` is not a citation of each)."""
 _SOURCE_PREFIX = re.compile(
     r"^\s*(?:the\s+)?source\s*\[\d+\]\s*(?:\([^)]*\))?\s*(?:says(?:\s+that)?)?\s*:?\s*",
     re.IGNORECASE,
@@ -111,8 +117,12 @@ def cite(
     numbers = {int(s["n"]) for s in sources}
 
     def keep(match: re.Match[str]) -> str:
-        valid = [n for n in re.split(r"\s*[,;]\s*", match.group(1)) if int(n) in numbers]
-        return "".join(f"[{n}]" for n in valid)
+        cited: list[int] = []
+        for first, last in _CITED.findall(match.group(1)):
+            low, high = int(first), int(last or first)
+            if high - low < MAX_RANGE:
+                cited.extend(range(low, high + 1))
+        return "".join(f"[{n}]" for n in dict.fromkeys(cited) if n in numbers)
 
     answer = _CITATION.sub(keep, _tidy(_FILE_MENTION.sub("", _clean(text)))).strip()
     answer = re.sub(r"[ \t]+([.,;:!?])", r"\1", re.sub(r"[ \t]{2,}", " ", answer))

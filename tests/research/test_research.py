@@ -267,6 +267,14 @@ def test_citations_are_kept_only_when_they_name_a_listed_source(analyzer: Analyz
         "Answer: The job returns [1, 7]. It retries later [2][9] [12].", q, sources, analyzer
     )
     assert (text, by) == ("The job returns [1]. It retries later [2].", "model")
+    # Other forms models write: a range, a word, spaces. Unlisted sources in them went through.
+    text, by = cite(
+        "It returns [1-3]. Workers crash [3-5]. See [Source 7] and [ 6 ]. Both [ source 2 ].",
+        q,
+        sources,
+        analyzer,
+    )
+    assert (text, by) == ("It returns [1][2]. Workers crash. See and. Both [2].", "model")
     traced, by = cite("An expired lease puts the job back on the queue.", q, sources, analyzer)
     assert by == "model" and traced == "An expired lease puts the job back on the queue [1]."
     made, by = cite("The worker crashes.", q, sources, analyzer)  # only restates the question
