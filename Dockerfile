@@ -4,7 +4,9 @@
 #   docker build -t backburner .                  # [redis,otel]: API + workers on Redis
 #   docker build -t backburner:local --build-arg LOCAL=1 .   # + [local]: llama.cpp and
 #                                                 # Gemma 3 270M (compiles ~5 min)
-#   docker run -p 8000:8000 backburner            # the API (SQLite in /data by default)
+#   docker run -p 8000:8000 -e BACKBURNER_API_KEYS=acme:sha256:<hex> backburner
+#                                                 # the API (SQLite in /data by default; it
+#                                                 # refuses to serve keyless beyond loopback)
 #   docker run backburner backburner worker --backend redis://redis:6379/0
 #
 # See docs/deploy.md.
