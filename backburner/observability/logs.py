@@ -19,6 +19,16 @@ JOB_FIELDS = ("task_id", "type", "attempt", "event", "tenant", "worker_id", "msg
 _READABLE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+STREAK_LOG_EVERY = 100
+"""A failure repeated in a row (its backend down) is logged at its first time and every this
+many after: the loops that meet it run up to several times a second."""
+
+
+def worth_logging(failures: int) -> bool:
+    """Whether the ``failures``-th failure in a row is logged (STREAK_LOG_EVERY)."""
+    return failures == 1 or failures % STREAK_LOG_EVERY == 0
+
+
 def job_fields(job: Job, event: str) -> dict[str, Any]:
     """The ``extra`` of a log call about ``job``."""
     return {

@@ -33,6 +33,7 @@ from ..models import (
     WebhookDelivery,
     WebhookStatus,
 )
+from ..observability.logs import worth_logging
 from ..providers.base import parse_retry_after
 from .receivers import PER_RECEIVER, ReceiverBusyError, ReceiverPool
 from .signing import sign
@@ -129,6 +130,7 @@ class WebhookDispatcher:
         """Deliver until ``stopping`` is set; then wait (bounded, and cut short once ``hurry``
         is set) for deliveries in flight."""
         backend = self.app.backend
+        failed = 0  # claims in a row: a backend that is down is said once a streak
         try:
             # (once hurried, what it claimed now it would only cut short)
             while not stopping.is_set() and not (hurry is not None and hurry.is_set()):
@@ -139,9 +141,18 @@ class WebhookDispatcher:
                             now=self.app.clock.now(), limit=free, lease_s=self.lease_s
                         )
                     except Exception as exc:  # the loop must outlive any one failure
-                        log.warning("webhook outbox: cannot claim (%r); trying again", exc)
+                        failed += 1
+                        if worth_logging(failed):
+                            log.warning(
+                                "webhook outbox: cannot claim (%r; %d in a row); trying again",
+                                exc,
+                                failed,
+                            )
                         await _pause(stopping, POLL_S)
                         continue
+                    if failed:
+                        log.info("webhook outbox: claims work again after %d failures", failed)
+                        failed = 0
                     for message in messages:
                         receiver = self._receiver_of(message)
                         if self._held[receiver] >= HELD_PER_RECEIVER:

@@ -18,7 +18,7 @@ from ..aio import wait_all_or
 from ..backends.base import NextClaim, Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
-from ..observability.logs import job_fields
+from ..observability.logs import job_fields, worth_logging
 from ..webhooks.alerts import DeadLetterAlerts
 from ..webhooks.dispatcher import WebhookDispatcher
 from .attempt import CANCELLED, LEASE_LOST, SHUTDOWN, Attempt, execute
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("backburner.worker")
 
-DUTY_LOG_EVERY = 100
-"""A background duty failing again and again (its backend down) is logged at its first
-failure and every this many after: the cancel poll alone runs 4 times a second."""
 CLAIMS_AHEAD = 2
 """Claims a worker sends ahead while it starts the jobs of a full one (see _claim_loop)."""
 
@@ -528,7 +525,7 @@ class Worker:
                 await duty()
             except Exception as exc:
                 failed += 1
-                if failed == 1 or failed % DUTY_LOG_EVERY == 0:
+                if worth_logging(failed):  # (the cancel poll alone runs 4 times a second)
                     if isinstance(exc, BackburnerError):
                         log.warning("%s failed (%d in a row): %s", duty.__name__, failed, exc)
                     else:  # (a bug: its traceback, but not four times a second either)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import Any
+
 import pytest
 
 from backburner import Backburner, Settings
-from backburner.errors import ConfigurationError, UnsafeURLError
+from backburner.errors import BackendConnectionError, ConfigurationError, UnsafeURLError
 from backburner.models import WebhookAttempt, WebhookDelivery, WebhookStatus
 from backburner.providers.base import parse_retry_after
+from backburner.webhooks import dispatcher as dispatcher_module
 from backburner.webhooks import generate_secret
 from backburner.webhooks.dispatcher import LONGEST_RETRY_AFTER_S, WebhookDispatcher
 
@@ -78,3 +83,29 @@ def test_retry_after_is_waited_for_but_never_less_than_the_schedule(
     verdict = dispatcher.verdict(message, attempt, wait)
     assert verdict.status is WebhookStatus.PENDING and verdict.next_at is not None
     assert at_least <= verdict.next_at - 1000.0 <= at_most
+
+
+async def test_a_dispatcher_whose_backend_is_down_says_so_once_a_streak(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It logged a warning at every failed claim, twice a second through an outage.
+    monkeypatch.setattr(dispatcher_module, "POLL_S", 0.0)
+    settings = Settings(webhook_secret=generate_secret())
+    bb = Backburner("memory://", settings=settings)
+    dispatcher = WebhookDispatcher(bb)
+    stopping = asyncio.Event()
+    calls = 0
+
+    async def down(**_: Any) -> list[WebhookDelivery]:
+        nonlocal calls
+        calls += 1
+        if calls == 150:
+            stopping.set()
+        raise BackendConnectionError("Redis at 127.0.0.1:1: connection refused")
+
+    monkeypatch.setattr(bb.backend, "claim_webhooks", down)
+    with caplog.at_level(logging.WARNING, logger="backburner.webhooks"):
+        await asyncio.wait_for(dispatcher.run(stopping), 30)
+    said = [r.getMessage() for r in caplog.records if "cannot claim" in r.getMessage()]
+    assert calls == 150 and len(said) == 2, said  # the 1st and the 100th
+    assert "100 in a row" in said[1]
