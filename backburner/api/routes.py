@@ -488,6 +488,7 @@ def build_router(api: Api) -> APIRouter:
         return StatsView(
             counts=current.counts,
             queued_by_priority={str(p): n for p, n in current.queued_by_priority.items()},
+            due=current.due,
             processing=current.counts.get(JobStatus.PROCESSING, 0),
             dead_letter=current.dead_letter,
             webhooks=await bb.backend.webhook_counts(),

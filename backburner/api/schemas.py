@@ -177,6 +177,10 @@ class WorkerView(BaseModel):
 class StatsView(BaseModel):
     counts: dict[JobStatus, int]
     queued_by_priority: dict[str, int]
+    due: int = Field(
+        description="Queued jobs whose time has come: not waiting for a delay, a retry's"
+        " backoff or a parked pipeline's next look."
+    )
     processing: int
     dead_letter: int
     workers: list[WorkerView]

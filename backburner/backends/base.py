@@ -316,6 +316,9 @@ class Stats:
     queued_by_priority: dict[int, int]
     dead_letter: int
     workers: list[WorkerInfo]
+    due: int
+    """Queued jobs whose time has come (at ``now``): a worker could start them now. The rest
+    of the queued wait for a delay, a retry's backoff, or a parked pipeline's next look."""
 
 
 @runtime_checkable

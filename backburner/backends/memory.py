@@ -620,10 +620,12 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         counts = {status: 0 for status in JobStatus}
         by_priority: dict[int, int] = {}
+        due = 0
         for stored in self._jobs.values():
             counts[stored.job.status] += 1
             if stored.job.status == JobStatus.QUEUED:
                 by_priority[stored.job.priority] = by_priority.get(stored.job.priority, 0) + 1
+                due += stored.job.run_at <= now
         workers = sorted(
             (w for w in self._workers.values() if w.last_seen >= now - worker_window_s),
             key=lambda w: w.worker_id,
@@ -633,4 +635,5 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             dict(sorted(by_priority.items(), reverse=True)),
             counts[JobStatus.FAILED],
             workers,
+            due,
         )

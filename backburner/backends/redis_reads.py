@@ -157,7 +157,7 @@ class RedisReads:
 
     async def stats(self, *, now: float, worker_window_s: float = 60.0) -> Stats:
         statuses = list(JobStatus)
-        counts, by_priority, workers = await self._run("stats", *statuses)
+        counts, by_priority, workers, later = await self._run("stats", number(now), *statuses)
         count_of = {status: int(n) for status, n in zip(statuses, counts, strict=True)}
         queued = {
             int(by_priority[i]): int(by_priority[i + 1])
@@ -182,4 +182,5 @@ class RedisReads:
             dict(sorted(queued.items(), reverse=True)),
             count_of[JobStatus.FAILED],
             seen,
+            count_of[JobStatus.QUEUED] - int(later),
         )

@@ -620,6 +620,14 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                     (now - worker_window_s,),
                 )
             ]
-            return Stats(counts, by_priority, counts[JobStatus.FAILED], workers)
+            # Only a job due joins its tenant's line (gets its tag): those not due yet are
+            # untagged ones, found by their run_at in the untagged index.
+            (later,) = conn.execute(
+                "SELECT count(*) FROM jobs INDEXED BY jobs_untagged"
+                " WHERE status = 'queued' AND fair_tag IS NULL AND run_at > ?",
+                (now,),
+            ).fetchone()
+            due = counts.get(JobStatus.QUEUED, 0) - later
+            return Stats(counts, by_priority, counts[JobStatus.FAILED], workers, due)
 
         return await self._executor.run(op, write=False)

@@ -118,6 +118,12 @@ class Metrics:
             "backburner_queue_depth", "Queued jobs by priority.", ("priority",)
         )
         self.in_flight = gauge("backburner_jobs_in_flight", "Jobs queued or processing.")
+        self.due = gauge(
+            "backburner_jobs_due",
+            "Queued jobs whose time has come (not waiting for a delay, a retry's backoff or a"
+            " parked pipeline's next look): with the processing ones, the work a worker could"
+            " do now.",
+        )
         self.dead_letter = gauge(
             "backburner_dead_letter_jobs", "Failed jobs waiting in the dead-letter queue."
         )
@@ -178,6 +184,7 @@ class Metrics:
         self.in_flight.set(
             stats.counts.get(JobStatus.QUEUED, 0) + stats.counts.get(JobStatus.PROCESSING, 0)
         )
+        self.due.set(stats.due)
         self.dead_letter.set(stats.dead_letter)
         self.workers.set(len(stats.workers))
         for state, n in (await backend.webhook_counts()).items():

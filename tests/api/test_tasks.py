@@ -391,6 +391,7 @@ async def test_stats_count_jobs_by_status_priority_and_workers(
         assert set(stats) == {
             "counts",
             "queued_by_priority",
+            "due",
             "webhooks",
             "processing",
             "dead_letter",
@@ -399,6 +400,7 @@ async def test_stats_count_jobs_by_status_priority_and_workers(
         counts = {k: v for k, v in stats["counts"].items() if v}
         assert counts == {"queued": 3, "processing": 1, "failed": 1}
         assert stats["queued_by_priority"] == {"7": 2, "-3": 1}
+        assert stats["due"] == 0  # all three wait an hour
         assert stats["dead_letter"] == 1
         (worker,) = stats["workers"]
         assert set(worker) == {"worker_id", "last_seen", "running", "started_at"}

@@ -177,6 +177,7 @@ async def test_stats_of_an_empty_backend(backend: Backend) -> None:
     assert stats.queued_by_priority == {}
     assert stats.dead_letter == 0
     assert stats.workers == []
+    assert stats.due == 0
 
 
 async def test_stats_counts_every_status(backend: Backend) -> None:
@@ -201,6 +202,21 @@ async def test_stats_counts_every_status(backend: Backend) -> None:
     assert stats.queued_by_priority == {5: 3, 0: 1, -1: 1}
     assert list(stats.queued_by_priority) == [5, 0, -1]  # highest priority first
     assert stats.dead_letter == 3
+    assert stats.due == 4  # the delayed one waits
+    assert (await backend.stats(now=T0 + 1000)).due == 5  # due at its run_at
+
+
+async def test_stats_count_as_due_only_the_queued_jobs_whose_time_has_come(
+    backend: Backend,
+) -> None:
+    # The autoscaling signal: delayed jobs and retries in backoff made workers for nothing.
+    running = await drive(backend, JobStatus.PROCESSING)  # claimed at T0 + 1
+    await backend.finish(running.task_id, running.fence, RetryAt(error(), T0 + 60), now=T0 + 2)
+    await enqueue(backend, now=T0 + 2, run_at=T0 + 3600)
+    await enqueue(backend, now=T0 + 2)
+    assert (await backend.stats(now=T0 + 2)).due == 1
+    assert (await backend.stats(now=T0 + 60)).due == 2
+    assert (await backend.stats(now=T0 + 3600)).due == 3
 
 
 async def test_stats_agree_with_listings_through_every_transition(backend: Backend) -> None:

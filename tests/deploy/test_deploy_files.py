@@ -620,7 +620,7 @@ def test_k8s_worker_disruption_budget(k8s: dict[tuple[str, str], dict[str, Any]]
     assert ("maxUnavailable" in budget["spec"]) != ("minAvailable" in budget["spec"])
 
 
-def test_k8s_keda_scales_the_worker_on_jobs_in_flight(
+def test_k8s_keda_scales_the_worker_on_the_work_it_could_do_now(
     k8s: dict[tuple[str, str], dict[str, Any]],
 ) -> None:
     scaled = one(k8s, "ScaledObject", "backburner-worker")
@@ -632,11 +632,16 @@ def test_k8s_keda_scales_the_worker_on_jobs_in_flight(
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
     metadata = trigger["metadata"]
-    assert metadata["query"] == "max(backburner_jobs_in_flight)"
+    # Due and processing: delayed jobs and retries in backoff ask for no worker.
+    assert metadata["query"] == (
+        'max(backburner_jobs_due) + max(backburner_jobs{status="processing"})'
+    )
     assert metadata["serverAddress"].startswith("http")
     assert isinstance(metadata["threshold"], str)  # KEDA's metadata values are strings
     assert float(metadata["threshold"]) == settings_from_k8s(k8s).concurrency
-    assert b"\nbackburner_jobs_in_flight " in Metrics().render()
+    rendered = Metrics().render()
+    assert b"\nbackburner_jobs_due " in rendered
+    assert b"\nbackburner_jobs{" in rendered or b"# TYPE backburner_jobs gauge" in rendered
 
 
 # -- Dockerfile -----------------------------------------------------------------------------

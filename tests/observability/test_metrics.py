@@ -94,6 +94,7 @@ async def test_counts_after_completed_retried_failed_and_cancelled_jobs(tmp_path
     assert value(found, "backburner_jobs", status="completed") == 2
     assert value(found, "backburner_jobs", status="cancelled") == 1
     assert value(found, "backburner_jobs_in_flight") == 0
+    assert value(found, "backburner_jobs_due") == 0
     assert value(found, "backburner_queue_depth", priority="0") == 0  # a series, not "no data"
 
 
