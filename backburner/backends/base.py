@@ -97,6 +97,11 @@ def check_slot_args(
 DEFAULT_TENANT = "default"
 """The tenant of jobs submitted without one: library calls and the keyless API."""
 
+CHILD_KEEP_S = 3600.0
+"""A child (a pipeline's or a batch's) whose expiry comes while its parent is stored is kept
+until its parent's expiry, or, its parent still running, for this long again: a batch's
+results and a pipeline's replay need their children (purge_expired)."""
+
 WORKER_RETENTION_S = 3600.0
 """How long a worker's record (stats) outlives its last heartbeat: purge_expired forgets it
 after, so the records of workers that come and go (restarts, autoscaling) do not pile up."""

@@ -36,6 +36,7 @@ from ..models import (
 )
 from .admission import FairClocks, check_quota
 from .base import (
+    CHILD_KEEP_S,
     WORKER_RETENTION_S,
     Complete,
     Fail,
@@ -557,12 +558,20 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             for s in self._jobs.values()
             if s.job.expires_at is not None and s.job.expires_at <= now
         ][:limit]
+        purged = 0
         for stored in doomed:
+            parent = self._jobs.get(stored.job.parent_id or "")
+            if parent is not None:
+                keep = parent.job.expires_at or now + CHILD_KEEP_S
+                if keep > now:  # kept while its parent is (CHILD_KEEP_S)
+                    self._update(stored, expires_at=keep)
+                    continue
             self._remove(stored)
+            purged += 1
         gone = [w for w, info in self._workers.items() if info.last_seen < now - WORKER_RETENTION_S]
         for worker_id in gone:
             del self._workers[worker_id]
-        return len(doomed)
+        return purged
 
     async def wait_for_jobs(
         self,

@@ -33,6 +33,7 @@ from ..errors import (
 from ..jsoncodec import encode
 from ..models import WEBHOOK_EVENTS, Job, JobStatus, Progress
 from .base import (
+    CHILD_KEEP_S,
     WORKER_RETENTION_S,
     Complete,
     Fail,
@@ -619,7 +620,10 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         if limit <= 0:
             return 0
         forget_before = number(now - WORKER_RETENTION_S)
-        return int(await self._run("purge_expired", number(now), limit, forget_before))
+        purged = await self._run(
+            "purge_expired", number(now), limit, forget_before, number(CHILD_KEEP_S)
+        )
+        return int(purged)
 
     async def wait_for_events(self, after: Mapping[str, int], *, timeout: float) -> dict[str, int]:
         if not after:

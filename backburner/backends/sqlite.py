@@ -29,6 +29,7 @@ from ..errors import (
 from ..jsoncodec import encode
 from ..models import ErrorInfo, Event, Job, JobStatus, Progress
 from .base import (
+    CHILD_KEEP_S,
     WORKER_RETENTION_S,
     NewJob,
     NextClaim,
@@ -581,9 +582,22 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
 
     async def purge_expired(self, *, now: float, limit: int) -> int:
         def op(conn: sqlite3.Connection) -> int:
-            ids = conn.execute(
-                "SELECT task_id FROM jobs WHERE expires_at <= ? LIMIT ?", (now, limit)
-            ).fetchall()
+            ids = []
+            for task_id, keep in conn.execute(
+                # A child whose parent is stored is kept until its parent's expiry (CHILD_KEEP_S
+                # while its parent runs): NULL (no parent, or it is gone) lets it go.
+                "SELECT child.task_id, iif(parent.task_id IS NULL, NULL,"
+                " coalesce(parent.expires_at, :now + :keep)) FROM jobs AS child"
+                " LEFT JOIN jobs AS parent ON parent.task_id = child.parent_id"
+                " WHERE child.expires_at <= :now LIMIT :limit",
+                {"now": now, "keep": CHILD_KEEP_S, "limit": limit},
+            ).fetchall():
+                if keep is not None and keep > now:
+                    conn.execute(
+                        "UPDATE jobs SET expires_at = ? WHERE task_id = ?", (keep, task_id)
+                    )
+                else:
+                    ids.append((task_id,))
             conn.executemany("DELETE FROM jobs WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM events WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM cancel_signals WHERE task_id = ?", ids)

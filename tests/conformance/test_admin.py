@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backburner.backends import Backend
-from backburner.backends.base import Complete, Fail
+from backburner.backends.base import CHILD_KEEP_S, Complete, Fail
 from backburner.errors import InvalidTransitionError, JobNotFoundError
 from backburner.models import JobStatus
 
@@ -234,6 +234,26 @@ async def test_purge_deletes_expired_terminal_jobs_with_their_events(backend: Ba
     remaining = {j.task_id for j in (await backend.list_jobs()).jobs}
     assert remaining == {processing.task_id, queued.task_id}
     assert await backend.purge_expired(now=T0 + 1e9, limit=100) == 0
+
+
+async def test_a_child_is_kept_while_its_parent_is_stored(backend: Backend) -> None:
+    # A batch's first requests expired before the batch: its results called them never
+    # queued. A failed pipeline's replay needs its children too.
+    parent = await enqueue(backend, ttl_s=100_000.0, run_at=T0 + 25)  # (the child first)
+    child = await drive(backend, JobStatus.COMPLETED, ttl_s=10.0, parent_id=parent.task_id)
+    assert child.expires_at == T0 + 12
+    assert await backend.purge_expired(now=T0 + 20, limit=10) == 0  # its parent runs
+    kept = await backend.get(child.task_id)
+    assert kept is not None and kept.expires_at == T0 + 20 + CHILD_KEEP_S
+    (claimed,) = await backend.claim("w2", limit=1, now=T0 + 30, lease_s=LEASE)
+    ended = await backend.finish(parent.task_id, claimed.fence, Complete(), now=T0 + 30)
+    assert ended.expires_at == T0 + 100_030
+    # Due again: kept until its parent's expiry, then both go.
+    assert await backend.purge_expired(now=T0 + 20 + CHILD_KEEP_S, limit=10) == 0
+    kept = await backend.get(child.task_id)
+    assert kept is not None and kept.expires_at == T0 + 100_030
+    assert await backend.purge_expired(now=T0 + 100_030, limit=10) == 2
+    assert await backend.get(child.task_id) is None and await backend.get(parent.task_id) is None
 
 
 async def test_purge_respects_the_limit(backend: Backend) -> None:
