@@ -256,7 +256,17 @@ class Worker:
 
     def _take(self, job: Job) -> None:
         """Run a job claimed for us (by a claim, a hand-off or a finish), or hand it back if
-        every slot is taken (a claim of ours and a hand-off crossed) or we are stopping."""
+        every slot is taken (a claim of ours and a hand-off crossed) or we are stopping. One
+        whose lease has ended already (handed to us as we froze: SIGSTOP, a long GC pause) is
+        another worker's to run: starting it would run its side effects twice."""
+        lease = job.lease_expires_at
+        if lease is not None and lease <= self.app.clock.now():
+            log.info(
+                "job %s: its lease ended before it could start here; left to the sweeper",
+                job.task_id,
+                extra=job_fields(job, "lease_lost"),
+            )
+            return
         if len(self.running) < self.concurrency and not self._stopping.is_set():
             self._start(job)
         else:
