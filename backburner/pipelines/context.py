@@ -262,12 +262,8 @@ class PipelineContext:
         """Store a step's (or a map's) result as its ``step`` event. One that cannot be stored
         fails the job at once: its record nests two levels deeper than the result itself."""
         try:
-            await self._ctx.backend.append_event(
-                self.job_id,
-                self._ctx.fence,
-                STEP_EVENT,
-                {"name": name, "result": result, **self._place_of(name)},
-                now=self._ctx.clock.now(),
+            await self._ctx.record(
+                STEP_EVENT, {"name": name, "result": result, **self._place_of(name)}
             )
         except InvalidInputError as exc:
             raise InvalidResultError(
@@ -415,9 +411,7 @@ class PipelineContext:
         ids = [child.task_id for child in again]
         # Recorded after the replays: a run that dies before this may run one twice, never
         # none (a record first would let the next run take them as failed anew).
-        await self._ctx.backend.append_event(
-            self.job_id, self._ctx.fence, RERUN_EVENT, {"name": name, "children": ids}, now=now
-        )
+        await self._ctx.record(RERUN_EVENT, {"name": name, "children": ids})
         done.update(ids)
         return True
 
@@ -506,13 +500,7 @@ class PipelineContext:
             from . import cancel_children
 
             await cancel_children(self._app, parent.task_id)
-        await self._ctx.backend.append_event(
-            self.job_id,
-            self._ctx.fence,
-            SPAWN_EVENT,
-            {"name": name, "children": ids, **self._place_of(name)},
-            now=self._ctx.clock.now(),
-        )
+        await self._ctx.record(SPAWN_EVENT, {"name": name, "children": ids, **self._place_of(name)})
         self._spawned[name] = ids
         return ids
 

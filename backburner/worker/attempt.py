@@ -92,6 +92,7 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
         limits=app.model_limits,
         on_webhook=app.poke_webhooks,
         tracing=app.tracing,
+        ride_out_s=app.settings.lease_s,
     )
     if job.usage is not None and continues_attempt(job.history):
         # The usage of the attempt's earlier runs (a pipeline that parked): its calls count.
