@@ -25,6 +25,7 @@ from ..errors import (
     JobNotFoundError,
     PermanentError,
     PipelineDefinitionError,
+    QueueFullError,
     Retry,
     Suspend,
     WaitForChildren,
@@ -329,9 +330,18 @@ class PipelineContext:
         ids = self._spawned.get(name)
         if ids is None:
             self._check_children(name, _task_name(task), inputs, metadata, options)
-            ids = await self._enqueue(
-                name, _task_name(task), inputs, metadata, options, partial=partial
-            )
+            try:
+                ids = await self._enqueue(
+                    name, _task_name(task), inputs, metadata, options, partial=partial
+                )
+            except QueueFullError:
+                # Wait for room (its children, ending, make some), not fail: a batch of 1,000
+                # under max_queue_size 50 failed in 4 s, its running requests cancelled. The
+                # next run enqueues again: the children made so far are found by their keys.
+                self.parked = f"waiting for room in the queue to enqueue {name!r}"
+                raise WaitForChildren(
+                    self.parked, after=self._app.settings.pipeline_poll_s
+                ) from None
         children = await self._read(ids, name, partial=partial)
         if self._rerun is not None and await self._rerun_ended(name, children):
             children = await self._read(ids, name, partial=partial)

@@ -516,6 +516,34 @@ async def test_a_pipelines_usage_counts_the_calls_of_every_run(bb: Backburner) -
     assert done.attempts == 1
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_map_bigger_than_the_queue_waits_for_room(kind: str, tmp_path: Path) -> None:
+    # A map that hit max_queue_size failed its pipeline (3 attempts in 4 s), cancelling the
+    # children it had made: a batch of 1,000 requests under a bound of 50.
+    engine = make_backend(kind, tmp_path, max_queue_size=5)
+    settings = WORKER_TEST_SETTINGS.replace(pipeline_poll_s=0.2, max_queue_size=5)
+    bb = Backburner(engine, settings=settings)
+
+    @bb.task
+    async def square(ctx: JobContext, n: int) -> int:
+        return n * n
+
+    @bb.pipeline(max_attempts=1)
+    async def fan(ctx: Any) -> list[int]:
+        return list(await ctx.map("squares", square, list(range(20))))
+
+    try:
+        async with bb, running_worker(bb, concurrency=3):
+            job = await bb.enqueue("fan")
+            done = await bb.wait(job.task_id, timeout=60)
+            children = await bb.list(parent_id=job.task_id, limit=100)
+    finally:
+        await drop_redis_keys(engine)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == [n * n for n in range(20)] and done.attempts == 1
+    assert len(children.jobs) == 20  # each made once, whatever the runs
+
+
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
     # It was woken at once, every time: 560-1,440 runs in 8 s, a core's worth of CPU.
     runs: list[float] = []
