@@ -151,6 +151,7 @@ class Backburner:
         priority: int = 0,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         permanent_on: tuple[type[BaseException], ...] = (),
+        validate: Callable[[dict[str, Any]], None] | None = None,
     ) -> Callable[[H], H]: ...
 
     def task(
@@ -164,11 +165,14 @@ class Backburner:
         priority: int = 0,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         permanent_on: tuple[type[BaseException], ...] = (),
+        validate: Callable[[dict[str, Any]], None] | None = None,
     ) -> Any:
         """Register an async handler ``fn(ctx, **input)`` as a task (usable bare or called).
 
         ``timeout`` bounds each attempt, ``deadline`` the whole job from enqueue; exceptions
         in ``permanent_on`` (and ``PermanentError``) fail at once, others in ``retry_on`` retry.
+        ``validate(input)`` checks the values of an input (raise InvalidInputError): at
+        submission, so a bad one is refused (a 422) with nothing stored, and before each run.
         """
         if callable(name):
             return self.task()(name)
@@ -191,6 +195,7 @@ class Backburner:
                 priority=priority,
                 retry_on=retry_on,
                 permanent_on=permanent_on,
+                validate=validate,
             )
             self.register(definition)
             with contextlib.suppress(AttributeError):  # ctx.map(name, fn, ...) finds it by this

@@ -20,7 +20,7 @@ import re
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from .errors import PermanentError
+from .errors import InvalidInputError, PermanentError
 from .research_index import EXCERPT_CHARS, Analyzer, ResearchLibrary
 from .research_index import clip as _clip
 
@@ -411,5 +411,17 @@ def install_research(
         )
         return result
 
-    bb.pipeline(name=name, max_attempts=3, timeout=900)(research)
+    def validate(payload: dict[str, Any]) -> None:
+        """At submission: a bad question, option or model is a 422, nothing stored (it was
+        stored, then failed, and kept in the dead-letter queue for 7 days)."""
+        model = payload.get("model")
+        try:
+            _check_input(payload.get("question"), payload.get("max_sources", 4), model)
+        except PermanentError as exc:
+            raise InvalidInputError(str(exc)) from None
+        if model is not None and model not in bb.models.routes:
+            known = ", ".join(sorted(bb.models.routes))
+            raise InvalidInputError(f"no model {model!r} is configured (known: {known})")
+
+    bb.pipeline(name=name, max_attempts=3, timeout=900, validate=validate)(research)
     return library

@@ -28,6 +28,9 @@ class TaskDefinition:
     priority: int = 0
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     permanent_on: tuple[type[BaseException], ...] = ()
+    validate: Callable[[dict[str, Any]], None] | None = None
+    """Checks an input that binds (raising InvalidInputError to refuse it): at submission, so a
+    bad value is a 422 with nothing stored, and again before each run."""
     signature: inspect.Signature = field(init=False, repr=False, compare=False)
     _required: frozenset[str] = field(init=False, repr=False, compare=False)
     _allowed: frozenset[str] | None = field(init=False, repr=False, compare=False)
@@ -60,16 +63,18 @@ class TaskDefinition:
         """Raise InvalidInputError unless ``handler(ctx, **payload)`` would bind."""
         keys = payload.keys()
         if self._required <= keys and (self._allowed is None or keys <= self._allowed):
-            if self._unreachable.isdisjoint(keys):
-                return  # the common case, without the cost of Signature.bind
-            name = sorted(self._unreachable & keys)[0]
-            raise InvalidInputError(
-                f"input does not fit task {self.name!r}: {name!r} cannot be passed by keyword"
-            )
-        try:
-            self.signature.bind(None, **payload)
-        except TypeError as exc:
-            raise InvalidInputError(f"input does not fit task {self.name!r}: {exc}") from None
+            if not self._unreachable.isdisjoint(keys):
+                name = sorted(self._unreachable & keys)[0]
+                raise InvalidInputError(
+                    f"input does not fit task {self.name!r}: {name!r} cannot be passed by keyword"
+                )
+        else:
+            try:
+                self.signature.bind(None, **payload)
+            except TypeError as exc:
+                raise InvalidInputError(f"input does not fit task {self.name!r}: {exc}") from None
+        if self.validate is not None:
+            self.validate(payload)
 
     def call(self, ctx: JobContext, payload: dict[str, Any]) -> Awaitable[Any]:
         return self.handler(ctx, **payload)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from backburner import Backburner
-from backburner.errors import MissingDependencyError
+from backburner.errors import InvalidInputError, MissingDependencyError
 from backburner.models import JobStatus
 from backburner.providers import ModelRouter
 from backburner.providers.local import local_available
@@ -364,19 +364,27 @@ async def test_a_question_about_nothing_in_the_folder_says_so(bb: Backburner) ->
 
 
 @pytest.mark.parametrize("bb", ["memory"], indirect=True)
-async def test_bad_input_fails_at_once(bb: Backburner) -> None:
-    async with bb, running_worker(bb, concurrency=2):
+async def test_bad_input_is_refused_at_submission_with_nothing_stored(bb: Backburner) -> None:
+    # It was stored (202), failed at its first run and kept in the dead-letter queue.
+    async with bb:
         bad = [
             {"question": ""},
+            {"question": "   "},
+            {"question": 5},
             {"question": "why?", "max_sources": 0},
             {"question": "why?", "max_sources": 99},
+            {"question": "why?", "max_sources": "4"},
+            {"question": "why?", "max_sources": True},
             {"question": "why?", "model": 5},
+            {"question": "why?", "model": "no-such-model"},
             {"question": "x" * 5000},
         ]
-        jobs = [await bb.enqueue("research", payload) for payload in bad]
-        done = [await bb.wait(j.task_id, timeout=30) for j in jobs]
-    assert {d.status for d in done} == {JobStatus.FAILED}
-    assert {d.attempts for d in done} == {1}
+        for payload in bad:
+            with pytest.raises(InvalidInputError):
+                await bb.enqueue("research", payload)
+        assert (await bb.list(limit=10)).jobs == []
+        fine = await bb.enqueue("research", {"question": "why?", "max_sources": 2})
+        assert fine.status == JobStatus.QUEUED
 
 
 async def test_the_installed_model_serves_requests_that_name_none() -> None:

@@ -273,3 +273,23 @@ async def test_list_validates_arguments(backend: Backend) -> None:
         await bb.list(limit=0)
     job = await bb.enqueue("summarize", {"text": "a"})
     assert (await bb.list(status=JobStatus.QUEUED)).jobs[0].task_id == job.task_id
+
+
+async def test_a_tasks_validate_refuses_bad_values_at_submission() -> None:
+    bb = Backburner("memory://")
+
+    def positive(payload: dict[str, Any]) -> None:
+        if not isinstance(payload.get("n"), int) or payload["n"] <= 0:
+            raise InvalidInputError("n must be a positive integer")
+
+    @bb.task(validate=positive)
+    async def count(ctx: JobContext, n: Any) -> int:
+        return int(n)
+
+    async with bb:
+        with pytest.raises(InvalidInputError, match="positive"):
+            await bb.enqueue("count", {"n": -1})
+        with pytest.raises(InvalidInputError, match="does not fit"):  # binding comes first
+            await bb.enqueue("count", {"m": 1})
+        assert (await bb.list(limit=5)).jobs == []
+        assert (await bb.enqueue("count", {"n": 2})).input == {"n": 2}
