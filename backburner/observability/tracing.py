@@ -10,6 +10,7 @@ OTLP when the standard ``OTEL_EXPORTER_OTLP_*`` variables name an endpoint
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -202,6 +203,13 @@ def configure_from_env() -> bool:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
+        logging.getLogger("backburner.tracing").warning(
+            "%s is set, but no span is exported: the otel extra is not installed"
+            " (pip install 'backburner[otel]')",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            else "OTEL_EXPORTER_OTLP_ENDPOINT",
+        )
         return False
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", SCOPE)})
     provider = TracerProvider(resource=resource)

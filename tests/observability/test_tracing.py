@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
@@ -13,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 
 from backburner import Backburner
 from backburner.builtin import install_builtin_tasks
-from backburner.observability.tracing import Tracing
+from backburner.observability.tracing import Tracing, configure_from_env
 from backburner.webhooks import generate_secret
 
 from ..helpers import WORKER_TEST_SETTINGS, eventually, running_worker
@@ -73,3 +76,19 @@ async def test_one_trace_from_submit_to_webhook(tmp_path: Path) -> None:
 
 def test_without_a_provider_nothing_is_stored_with_the_job() -> None:
     assert Tracing().current_traceparent() is None  # no span is current
+
+
+def test_an_otlp_endpoint_without_the_otel_extra_says_why_no_span_is_sent(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It was ignored without a word: an operator saw no trace and no reason.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    # (None in sys.modules: the import fails, as without the extra)
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with caplog.at_level(logging.WARNING, logger="backburner.tracing"):
+        assert configure_from_env() is False
+    (record,) = [r for r in caplog.records if r.name == "backburner.tracing"]
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT is set" in record.getMessage()
+    assert "backburner[otel]" in record.getMessage()
