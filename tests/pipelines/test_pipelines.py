@@ -544,6 +544,43 @@ async def test_a_map_bigger_than_the_queue_waits_for_room(kind: str, tmp_path: P
     assert len(children.jobs) == 20  # each made once, whatever the runs
 
 
+async def test_a_map_facing_a_queue_full_of_other_work_waits_without_spinning(
+    tmp_path: Path,
+) -> None:
+    # With none of its own children open, a wait for children was woken at once, again and
+    # again, for as long as the queue stayed full.
+    engine = make_backend("sqlite", tmp_path, max_queue_size=2)
+    bb = Backburner(engine, settings=WORKER_TEST_SETTINGS.replace(pipeline_poll_s=0.2))
+    runs: list[float] = []
+    blockers: list[str] = []
+
+    @bb.task
+    async def square(ctx: JobContext, n: int) -> int:
+        return n * n
+
+    async def fill() -> None:
+        for _ in range(2):  # not due for an hour: queued, and in the way
+            blockers.append((await bb.enqueue("square", {"n": 0}, delay=3600)).task_id)
+
+    @bb.pipeline(max_attempts=1)
+    async def fan(ctx: Any) -> list[int]:
+        runs.append(asyncio.get_running_loop().time())
+        await ctx.step("fill", fill)
+        return list(await ctx.map("squares", square, [1, 2]))
+
+    async with bb, running_worker(bb, concurrency=2):
+        job = await bb.enqueue("fan")
+        await eventually(lambda: len(runs) >= 3, message="the pipeline waited twice")
+        await asyncio.sleep(1.0)  # (what a spin would fill with runs)
+        waited = len(runs)
+        for blocker in blockers:
+            await bb.cancel(blocker)
+        done = await bb.wait(job.task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED, done.error
+    assert done.result == [1, 4]
+    assert waited <= 12, waited  # about one a poll (0.2 s), not hundreds
+
+
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
     # It was woken at once, every time: 560-1,440 runs in 8 s, a core's worth of CPU.
     runs: list[float] = []
