@@ -338,8 +338,12 @@ async def test_children_are_a_hash_field_an_index_per_parent_and_a_global_open_c
     ]
     assert await engine.wake(parent.task_id, now=T0 + 6) is False
 
-    # Purge takes the children out of their parent's index; the last one takes the key.
-    assert await engine.purge_expired(now=T0 + 10_000, limit=10) == 3
+    # Children are kept while their parent is stored (until its expiry); then the purge takes
+    # them out of their parent's index, and the last one takes the key.
+    assert await engine.purge_expired(now=T0 + 10_000, limit=10) == 0
+    assert await client.zcard(p + "i:p:" + parent.task_id) == 3
+    await engine.cancel(parent.task_id, now=T0 + 10_000)  # expires an hour later (its ttl)
+    assert await engine.purge_expired(now=T0 + 20_000, limit=10) == 4
     assert await client.exists(p + "i:p:" + parent.task_id) == 0
 
 
