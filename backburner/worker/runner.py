@@ -139,7 +139,7 @@ class Worker:
         if alerts is not None:
             self.app.hooks.hooks.append(alerts)
         try:
-            await self._heartbeat()
+            await self._first_heartbeat()
             background = [
                 asyncio.create_task(self._every(self.settings.heartbeat_s, self._heartbeat)),
                 asyncio.create_task(self._every(self.settings.cancel_poll_s, self._poll_cancels)),
@@ -544,6 +544,33 @@ class Worker:
             if failed:
                 log.info("%s works again after %d failures", duty.__name__, failed)
                 failed = 0
+
+    async def _first_heartbeat(self) -> None:
+        """The heartbeat that registers this worker, retried while the backend cannot take it
+        (down, or a SQLite file locked by another process) until it does or the worker is
+        asked to stop: a worker started during an outage waits it out. (Under ``serve`` one
+        that gave up left the API answering, ready, with no worker: jobs stayed queued.)"""
+        failed = 0
+        while True:
+            try:
+                await self._heartbeat()
+            except BackburnerError as exc:
+                failed += 1
+                if worth_logging(failed):
+                    log.warning(
+                        "worker %s cannot start yet (%s; %d in a row); trying again",
+                        self.worker_id,
+                        exc,
+                        failed,
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), claim_backoff(failed))
+                if self._stopping.is_set():
+                    return  # (its claim loop sees the stop at once)
+                continue
+            if failed:
+                log.info("worker %s started after %d failed tries", self.worker_id, failed)
+            return
 
     async def _heartbeat(self) -> None:
         issued = time.monotonic()
