@@ -329,8 +329,10 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
 
 
 def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
-    """Pragmas and schema; fails with BackendError on a file that is not ours."""
+    """Pragmas and schema; fails with BackendError on a file that is not ours (left as it
+    was: its journal mode was switched to WAL before it was refused)."""
     try:
+        _check_ours(conn)
         conn.execute("PRAGMA journal_mode=WAL").fetchone()
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA temp_store=MEMORY")
@@ -339,10 +341,6 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
         # The writer resets the WAL after a checkpoint; this truncates it then.
         conn.execute("PRAGMA journal_size_limit=67108864")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, SCHEMA_VERSION):
-            raise BackendError(
-                f"database schema version {version} is not supported (expected {SCHEMA_VERSION})"
-            )
         if version == 0:
             # One transaction, so a second process opening the file at once sees all or none.
             conn.executescript(
@@ -353,6 +351,33 @@ def init_connection(conn: sqlite3.Connection, synchronous: str) -> None:
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise BackendError(f"cannot use the SQLite database: {exc}") from exc
+    except BackendError:
+        conn.close()
+        raise
+
+
+_OUR_TABLES = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
+
+
+def _check_ours(conn: sqlite3.Connection) -> None:
+    """BackendError for a file of another schema version, or one (version 0, SQLite's
+    default) that holds another application's tables: it was adopted, our 12 tables added."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in (0, SCHEMA_VERSION):
+        raise BackendError(
+            f"database schema version {version} is not supported (expected {SCHEMA_VERSION})"
+        )
+    if version == 0:
+        names = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")
+        }
+        foreign = sorted(n for n in names - _OUR_TABLES if not n.startswith("sqlite_"))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise BackendError(
+                f"the file holds tables of another application ({shown}): not a backburner"
+                " database (name a new file)"
+            )
 
 
 _ADDED_COLUMNS = (

@@ -7,8 +7,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from backburner.backends.base import Complete, Release
 from backburner.backends.sqlite import SQLiteBackend
+from backburner.errors import BackendError
 from backburner.models import JobStatus
 from tests.conformance._support import LEASE, T0, new_job
 
@@ -155,3 +158,27 @@ async def test_a_file_from_before_webhook_counts_counts_its_messages_once(tmp_pa
         finally:
             await engine.close()
     assert {"webhook_counts", "webhooks_count_insert"} <= _schema_names(path)
+
+
+async def test_a_file_that_is_not_ours_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    # A later schema version was refused, but switched to WAL first; another application's
+    # database (user_version 0, SQLite's default) was adopted, our tables added to it.
+    later = str(tmp_path / "later.db")
+    other = str(tmp_path / "other.db")
+    with sqlite3.connect(later) as conn:
+        conn.execute("CREATE TABLE jobs (task_id TEXT)")
+        conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE customers (name TEXT)")
+    conn.close()
+    for path, why in ((later, "version 2 is not supported"), (other, "another application")):
+        engine = SQLiteBackend(path)
+        with pytest.raises(BackendError, match=why):
+            await engine.connect()
+        await engine.close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
+        conn.close()
+        assert names in ({"jobs"}, {"customers"})
