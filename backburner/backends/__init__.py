@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError, MissingDependencyError
 from .base import Backend, Complete, Fail, NewJob, Outcome, Page, Release, RetryAt, Stats
@@ -51,11 +51,16 @@ def backend_from_url(url: str, *, max_queue_size: int | None = None) -> Backend:
     if scheme == "sqlite":
         from .sqlite import SQLiteBackend
 
-        if parts.netloc:
+        # (sqlite:/x.db parses as sqlite:///x.db, but reads as an absolute path: refused)
+        if parts.netloc or not url[len(parts.scheme) + 1 :].startswith("//"):
             raise ConfigurationError(
                 f"invalid SQLite URL {url!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
             )
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if parts.fragment or url.endswith("#"):  # (everything after a '#' was dropped)
+            raise ConfigurationError(
+                f"invalid SQLite URL {url!r}: a '#' ends the path; write it as %23"
+            )
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not path or path == ":memory:":
             raise ConfigurationError(
                 f"invalid SQLite URL {url!r}: give a file path (other processes must open it)"

@@ -157,6 +157,8 @@ async def test_corrupt_and_unwritable_databases(tmp_path: Path) -> None:
         ("sqlite://", "give a file path"),
         ("sqlite:///:memory:", "give a file path"),
         ("sqlite://host/x.db", "invalid SQLite URL"),
+        ("sqlite:/x.db", "invalid SQLite URL"),  # (it opened the relative x.db)
+        ("sqlite:///a#b.db", "%23"),  # (it opened a file named a)
         ("sqlite:///x.db?wat=1", "unknown SQLite URL option"),
         ("sqlite:///x.db?synchronous=SOMETIMES", "synchronous"),
         ("sqlite:///x.db?poll_interval_ms=-1", "poll_interval_ms"),
@@ -171,6 +173,12 @@ async def test_corrupt_and_unwritable_databases(tmp_path: Path) -> None:
 def test_bad_backend_urls(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Backburner(url)
+
+
+def test_a_sqlite_url_path_is_percent_decoded() -> None:
+    # sqlite:///my%20db.db opened a file named my%20db.db.
+    engine = Backburner("sqlite:///my%20db%23.db").backend
+    assert engine.path == "my db#.db"  # type: ignore[attr-defined]
 
 
 def test_a_redis_url_without_the_extra_says_how_to_install_it(
