@@ -141,21 +141,27 @@ class SQLiteExecutor:
         try:
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_size_limit=67108864")
-            # (a whole checkpoint waits this long for the readers and the writer to let go)
-            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+            # A whole checkpoint holds the writers while it waits for readers: briefly. A
+            # reader that stays (a backup, a sqlite3 shell) must not hold every writer for the
+            # busy timeout (30 s) at each try: it fails busy, and tries again later.
+            conn.execute("PRAGMA busy_timeout=100")
             while True:
                 self._dirty.wait()
                 if self._stopping.is_set():
                     return
                 self._dirty.clear()
                 mode = "TRUNCATE" if self._wal_bytes() > self._wal_reset_bytes else "PASSIVE"
+                busy = False
                 try:
-                    conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+                    row = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+                    busy = bool(row and row[0])
                 except sqlite3.Error as exc:  # busy or I/O: the next round tries again
+                    busy = True
                     log.debug("checkpoint failed: %s", exc)
                 # Twice a second; 20 times while the log nears its bound (writes back to back
-                # grow it by tens of MB in half a second).
-                pause = 0.05 if self._wal_bytes() > self._wal_reset_bytes // 2 else 0.5
+                # grow it by tens of MB in half a second), unless a reader kept it busy.
+                near = self._wal_bytes() > self._wal_reset_bytes // 2
+                pause = 0.05 if near and not busy else 0.5
                 if self._stopping.wait(pause):
                     return
         except sqlite3.Error as exc:
