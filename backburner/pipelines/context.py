@@ -335,13 +335,18 @@ class PipelineContext:
                     name, _task_name(task), inputs, metadata, options, partial=partial
                 )
             except QueueFullError:
-                # Wait for room (its children, ending, make some), not fail: a batch of 1,000
-                # under max_queue_size 50 failed in 4 s, its running requests cancelled. The
-                # next run enqueues again: the children made so far are found by their keys.
-                # A wait of its time, not for children: with none open (a queue full of other
-                # work) a wait for children would be woken at once, again and again.
+                # With children of its own queued or running, wait for the room they make as
+                # they end, not fail: a batch of 1,000 under max_queue_size 50 failed in 4 s,
+                # its running requests cancelled. The next run enqueues again: the children
+                # made so far are found by their keys. With none, nothing of its own makes
+                # room (parked pipelines count as queued: waiting ones would fill the queue
+                # for ever): the error stands, and the job's retries apply.
+                if not await self._app.backend.has_open_children(self.job_id):
+                    raise
                 self.parked = f"waiting for room in the queue to enqueue {name!r}"
-                raise Suspend(self.parked, after=self._app.settings.pipeline_poll_s) from None
+                raise WaitForChildren(
+                    self.parked, after=self._app.settings.pipeline_poll_s
+                ) from None
         children = await self._read(ids, name, partial=partial)
         if self._rerun is not None and await self._rerun_ended(name, children):
             children = await self._read(ids, name, partial=partial)

@@ -544,41 +544,42 @@ async def test_a_map_bigger_than_the_queue_waits_for_room(kind: str, tmp_path: P
     assert len(children.jobs) == 20  # each made once, whatever the runs
 
 
-async def test_a_map_facing_a_queue_full_of_other_work_waits_without_spinning(
+async def test_maps_facing_a_full_queue_with_no_children_of_their_own_do_not_wait_for_ever(
     tmp_path: Path,
 ) -> None:
-    # With none of its own children open, a wait for children was woken at once, again and
-    # again, for as long as the queue stayed full.
+    # Parked pipelines count as queued: pipelines waiting for room, none with a child of its
+    # own running, filled the queue for ever, each parking again at every poll (a review:
+    # 4 pipelines, max_queue_size 2, 35 runs each in 8 s, no child made, no new job admitted).
     engine = make_backend("sqlite", tmp_path, max_queue_size=2)
     bb = Backburner(engine, settings=WORKER_TEST_SETTINGS.replace(pipeline_poll_s=0.2))
-    runs: list[float] = []
-    blockers: list[str] = []
 
     @bb.task
     async def square(ctx: JobContext, n: int) -> int:
         return n * n
 
-    async def fill() -> None:
-        for _ in range(2):  # not due for an hour: queued, and in the way
-            blockers.append((await bb.enqueue("square", {"n": 0}, delay=3600)).task_id)
-
-    @bb.pipeline(max_attempts=1)
+    @bb.pipeline(max_attempts=2)
     async def fan(ctx: Any) -> list[int]:
-        runs.append(asyncio.get_running_loop().time())
-        await ctx.step("fill", fill)
+        await ctx.step("think", asyncio.sleep, 0.5)
         return list(await ctx.map("squares", square, [1, 2]))
 
+    async with bb:
+        jobs = [await bb.enqueue("fan") for _ in range(2)]
     async with bb, running_worker(bb, concurrency=2):
-        job = await bb.enqueue("fan")
-        await eventually(lambda: len(runs) >= 3, message="the pipeline waited twice")
-        await asyncio.sleep(1.0)  # (what a spin would fill with runs)
-        waited = len(runs)
-        for blocker in blockers:
-            await bb.cancel(blocker)
-        done = await bb.wait(job.task_id, timeout=30)
-    assert done.status == JobStatus.COMPLETED, done.error
-    assert done.result == [1, 4]
-    assert waited <= 12, waited  # about one a poll (0.2 s), not hundreds
+        for _ in range(2):  # two more as the first two run: the queue holds 2 (max_queue_size)
+            await eventually(
+                lambda: _admitted(bb, "fan"), message="room for another pipeline", timeout=30
+            )
+            jobs.append(await bb.enqueue("fan"))
+        done = [await bb.wait(job.task_id, timeout=60) for job in jobs]
+    assert {d.status for d in done} <= {JobStatus.COMPLETED, JobStatus.FAILED}
+    assert all(len(d.history) <= 12 for d in done), [len(d.history) for d in done]
+    for failed in (d for d in done if d.status == JobStatus.FAILED):
+        assert failed.error is not None and failed.error.type == "QueueFullError"
+
+
+async def _admitted(bb: Backburner, task: str) -> bool:
+    stats = await bb.backend.stats(now=bb.clock.now())
+    return stats.counts[JobStatus.QUEUED] < 2
 
 
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
