@@ -193,6 +193,12 @@ class WebhookDelivery(BaseModel):
     """Attempts since the message became pending (by creation or redelivery)."""
 
 
+def same_attempt(history: Sequence[AttemptRecord]) -> bool:
+    """True if the run that just started is of the same attempt as the run before it (that
+    one parked, or was handed back: neither charges the attempt)."""
+    return len(history) >= 2 and history[-1].attempt == history[-2].attempt
+
+
 def continues_attempt(history: Sequence[AttemptRecord]) -> bool:
     """True if the run that just started goes on its attempt's run before it: a pipeline that
     parked (``waiting``) for its children. A job handed back (``released``, at a shutdown or

@@ -266,6 +266,8 @@ class Release:
     """Hand the job back to the queue without charging the attempt (graceful shutdown)."""
 
     reason: str = "worker shutdown"
+    usage: dict[str, Any] | None = None
+    """As Wait's: the usage of the attempt so far, when a run is handed back mid-way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,8 +280,9 @@ class Wait:
     children: bool = False
     """It waits for its children (a pipeline): woken, too, as soon as none is open."""
     usage: dict[str, Any] | None = None
-    """The attempt's usage so far, stored as the job's (None leaves it as it was): the next
-    run of the attempt goes on from it, so a pipeline's usage counts the model calls of every
+    """The attempt's usage so far, stored as the job's ({}: none so far, which clears what an
+    earlier attempt left; None: left as it is, for a job handed back unstarted): the next run
+    of the attempt goes on from it, so a pipeline's usage counts the model calls of every
     run, not only of the last."""
 
 

@@ -423,7 +423,6 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             self._event(stored, "status", {"status": "queued"}, now)
             self._wake()
         elif isinstance(outcome, Wait):
-            usage = check_usage(outcome.usage)
             stored.tag = None
             if outcome.run_at <= now:
                 stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
@@ -434,7 +433,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
                 run_at=outcome.run_at,
                 worker_id=None,
                 lease_expires_at=None,
-                usage=Usage(**usage) if usage is not None else job.usage,
+                usage=_usage_after(outcome.usage, job.usage),
                 history=self._close_history(job, now, "waiting", None),
             )
             self._event(stored, "status", {"status": "queued", "waiting": outcome.reason}, now)
@@ -446,6 +445,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
                 run_at=now,
                 worker_id=None,
                 lease_expires_at=None,
+                usage=_usage_after(outcome.usage, job.usage),
                 history=self._close_history(job, now, "released", None),
             )
             self._event(stored, "status", {"status": "queued", "released": outcome.reason}, now)
@@ -646,3 +646,11 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             workers,
             due,
         )
+
+
+def _usage_after(usage: dict[str, Any] | None, kept: Usage | None) -> Usage | None:
+    """A Wait's or a Release's usage as stored: None leaves it, {} clears it (Wait.usage)."""
+    if usage is None:
+        return kept
+    checked = check_usage(usage)
+    return Usage(**checked) if checked else None

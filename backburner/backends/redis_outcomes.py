@@ -84,15 +84,22 @@ def outcome_args(outcome: Outcome, now: float) -> list[str]:
         ]
     if isinstance(outcome, Release):
         reason = encode({"status": "queued", "released": outcome.reason})
-        return ["release", reason]
+        return ["release", reason, _usage_arg(outcome.usage)]
     if isinstance(outcome, Wait):
         reason = encode({"status": "queued", "waiting": outcome.reason})
-        usage = check_usage(outcome.usage)
         return [
             "wait",
             reason,
             number(outcome.run_at),
             "1" if outcome.run_at > now else "0",
-            "" if usage is None else encode(usage, "usage"),
+            _usage_arg(outcome.usage),
         ]
     raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union
+
+
+def _usage_arg(usage: dict[str, Any] | None) -> str:
+    """finish.lua's usage argument of a Wait or a Release: '' leaves the job's usage, '{}'
+    clears it, else its JSON (Wait.usage)."""
+    if usage is None:
+        return ""
+    return encode(check_usage(usage), "usage")

@@ -75,26 +75,31 @@ def outcome_update(outcome: Outcome) -> OutcomeUpdate:
             ],
         )
     if isinstance(outcome, Release):
+        usage_set, usage_text = _usage_update(outcome.usage)
         return OutcomeUpdate(
             "status = 'queued', attempts = attempts - 1, run_at = :now, worker_id = NULL,"
-            f" lease_expires_at = NULL, event_seq = event_seq + 1, {_close_history()}",
-            {"outcome": "released"},
+            f" lease_expires_at = NULL,{usage_set} event_seq = event_seq + 1, {_close_history()}",
+            {"outcome": "released", "usage": usage_text},
             [("status", {"status": "queued", "released": outcome.reason})],
         )
     if isinstance(outcome, Wait):
         # Like a Release, but due at run_at (finish also takes the job out of its tenant's
         # line until then); encoded here, so a reason that is not JSON is refused up front.
         waiting = encode({"status": "queued", "waiting": outcome.reason})
-        usage = check_usage(outcome.usage)
+        usage_set, usage_text = _usage_update(outcome.usage)
         return OutcomeUpdate(
             "status = 'queued', attempts = attempts - 1, run_at = :run_at, worker_id = NULL,"
-            " lease_expires_at = NULL, usage = COALESCE(:usage, usage),"
-            f" event_seq = event_seq + 1, {_close_history()}",
-            {
-                "outcome": "waiting",
-                "run_at": outcome.run_at,
-                "usage": None if usage is None else encode(usage, "usage"),
-            },
+            f" lease_expires_at = NULL,{usage_set} event_seq = event_seq + 1, {_close_history()}",
+            {"outcome": "waiting", "run_at": outcome.run_at, "usage": usage_text},
             [("status", EncodedJSON(waiting))],
         )
     raise TypeError(f"unknown outcome {outcome!r}")  # pragma: no cover - a closed union
+
+
+def _usage_update(usage: dict[str, Any] | None) -> tuple[str, str | None]:
+    """A Wait's or a Release's usage: the SET clause (none when it is left as it is) and its
+    value (NULL for {}: cleared). See Wait.usage."""
+    if usage is None:
+        return "", None
+    checked = check_usage(usage)
+    return " usage = :usage,", encode(checked, "usage") if checked else None

@@ -19,7 +19,7 @@ from ..errors import (
     Suspend,
     WaitForChildren,
 )
-from ..models import ErrorInfo, Job, continues_attempt
+from ..models import ErrorInfo, Job, same_attempt
 from ..observability.logs import job_fields
 from .timeouts import TIMED_OUT, CoarseTimeouts
 
@@ -94,8 +94,9 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
         tracing=app.tracing,
         ride_out_s=app.settings.lease_s,
     )
-    if job.usage is not None and continues_attempt(job.history):
-        # The usage of the attempt's earlier runs (a pipeline that parked): its calls count.
+    if job.usage is not None and same_attempt(job.history):
+        # The usage of the attempt's earlier runs (a pipeline that parked, then maybe was
+        # handed back): their calls count.
         ctx.usage = job.usage.model_dump()
     activate(ctx)
     app.tracing.queue_wait(job)
@@ -111,7 +112,7 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
         else:  # (every job pays for a context manager that does nothing)
             outcome = await _run_handler(app, attempt, ctx)
     except asyncio.CancelledError:
-        outcome = _after_cancel(attempt)
+        outcome = _after_cancel(attempt, ctx)
         if outcome is None:
             raise
     if outcome is None:
@@ -120,9 +121,10 @@ async def execute(app: Backburner, attempt: Attempt) -> None:
     await store(app, attempt, outcome)
 
 
-def _after_cancel(attempt: Attempt) -> Outcome | None:
+def _after_cancel(attempt: Attempt, ctx: JobContext) -> Outcome | None:
     if attempt.stop_reason == SHUTDOWN:
-        return Release()
+        # With the attempt's usage so far: the run that goes on from it counts its calls.
+        return Release(usage=dict(ctx.usage))
     if attempt.stop_reason in (CANCELLED, LEASE_LOST) and not attempt.settled:
         # (Once: the handler's runner and the attempt around it both come here.)
         log.info(
@@ -182,7 +184,7 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         if attempt.stop_reason is None and task is not None and not task.cancelling():
             # The handler raised CancelledError itself (nobody cancelled us): a failure.
             return _failure(app, attempt, exc)
-        outcome = _after_cancel(attempt)
+        outcome = _after_cancel(attempt, ctx)
         if outcome is None:
             raise
         return outcome
@@ -197,7 +199,7 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
             run_at,
             exc.reason,
             children=isinstance(exc, WaitForChildren),
-            usage=ctx.usage or None,
+            usage=dict(ctx.usage),  # ({} clears what an earlier attempt left)
         )
     except Exception as exc:
         return _failure(app, attempt, exc)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from backburner.backends import Backend
-from backburner.backends.base import Complete, Fail, RetryAt, Wait
+from backburner.backends.base import Complete, Fail, Release, RetryAt, Wait
 from backburner.backends.sqlite import SQLiteBackend
 from backburner.errors import LeaseLostError
 from backburner.models import Job, JobStatus
@@ -200,8 +200,23 @@ async def test_wait_stores_the_attempts_usage_so_far(backend: Backend) -> None:
     assert stored is not None and stored.model_dump() == waiting.model_dump()
     assert waiting.usage is not None and waiting.usage.model_dump() == spent
     again = await claim_one(backend, job.task_id, worker="w2", now=LATER)
-    kept = await backend.finish(job.task_id, again.fence, Wait(LATER + 5), now=LATER + 1)
-    assert kept.usage is not None and kept.usage.model_dump() == spent  # none given: as it was
+    again_spent = {"input_tokens": 12, "output_tokens": 6, "calls": 2}
+    kept = await backend.finish(
+        job.task_id, again.fence, Wait(LATER + 5, usage=again_spent), now=LATER + 1
+    )
+    assert kept.usage is not None and kept.usage.model_dump() == again_spent
+    handed = await claim_one(backend, job.task_id, worker="w2", now=LATER + 5)
+    left = await backend.finish(job.task_id, handed.fence, Release(), now=LATER + 5)
+    assert left.usage is not None and left.usage.model_dump() == again_spent  # None: as it is
+    handed = await claim_one(backend, job.task_id, worker="w2", now=LATER + 5)
+    spent_more = {"input_tokens": 14, "output_tokens": 7, "calls": 3}
+    left = await backend.finish(job.task_id, handed.fence, Release(usage=spent_more), now=LATER + 5)
+    assert left.usage is not None and left.usage.model_dump() == spent_more
+    handed = await claim_one(backend, job.task_id, worker="w2", now=LATER + 5)
+    cleared = await backend.finish(
+        job.task_id, handed.fence, Wait(LATER + 5, usage={}), now=LATER + 5
+    )
+    assert cleared.usage is None  # {}: none so far (a new attempt's)
     last = await claim_one(backend, job.task_id, worker="w2", now=LATER + 5)
     more = {"input_tokens": 17, "output_tokens": 8, "calls": 2}
     done = await backend.finish(job.task_id, last.fence, Complete(1, usage=more), now=LATER + 6)

@@ -582,6 +582,51 @@ async def _admitted(bb: Backburner, task: str) -> bool:
     return stats.counts[JobStatus.QUEUED] < 2
 
 
+async def test_a_pipelines_usage_outlives_a_hand_back_within_its_attempt(
+    bb: Backburner,
+) -> None:
+    # A run handed back (a shutdown) does not charge the attempt, but the run after it
+    # started its usage from nothing: the calls before the park were lost again.
+    after_map = 0
+    hold = asyncio.Event()
+
+    @bb.task
+    async def child(ctx: JobContext, n: int) -> int:
+        return n
+
+    @bb.pipeline
+    async def spend(ctx: Any) -> int:
+        nonlocal after_map
+
+        def plan() -> int:
+            ctx.add_usage(input_tokens=10, output_tokens=5)
+            return 1
+
+        await ctx.step("plan", plan)
+        found = await ctx.map("work", child, [1, 2])
+        after_map += 1
+        if after_map == 1:
+            hold.set()
+            await asyncio.sleep(60)  # handed back by the shutdown below (Release)
+        ctx.add_usage(input_tokens=7, output_tokens=3)
+        return int(sum(found))
+
+    quick = bb.settings.replace(shutdown_grace_s=0.2)
+    async with bb:
+        bb.settings = quick
+        async with running_worker(bb, concurrency=2):
+            job = await bb.enqueue("spend")
+            await asyncio.wait_for(hold.wait(), 20)
+        released = await bb.get(job.task_id)
+        # (parked for its children first, unless they were done before it looked)
+        assert released.history[-1].outcome == "released", released.history
+        async with running_worker(bb, concurrency=2):
+            done = await bb.wait(job.task_id, timeout=30)
+    assert done.status == JobStatus.COMPLETED and done.attempts == 1, done.error
+    assert done.usage is not None
+    assert done.usage.model_dump() == {"input_tokens": 17, "output_tokens": 8}
+
+
 async def test_a_suspended_job_without_children_waits_out_its_time(bb: Backburner) -> None:
     # It was woken at once, every time: 560-1,440 runs in 8 s, a core's worth of CPU.
     runs: list[float] = []

@@ -4,8 +4,8 @@
 --   complete: result, usage|'', event data
 --   fail:     error, dead-letter ttl
 --   retry:    error, run_at, delayed 0|1
---   release:  event data
---   wait:     event data, run_at, delayed 0|1, usage|'' (the attempt's so far)
+--   release:  event data, usage|''|'{}' (the attempt's so far: '' leaves it, '{}' clears it)
+--   wait:     event data, run_at, delayed 0|1, usage (as release's)
 -- Returns {'lost'} or {'ok', the job as read_job makes it, next}; with want job 0, a completed
 -- or failed job is not read back: {'ok', false, expires_at, progress percent, progress message
 -- (JSON text) or nil, next}, what its caller cannot know from the job as it claimed it. next:
@@ -68,6 +68,18 @@ local function write_job(sets, outcome, error_json, events, extra)
   redis.call('HSET', j, unpack(sets))
 end
 
+-- A Wait's or a Release's usage argument: '' (or none) leaves the job's, '{}' clears it, else
+-- it is the attempt's so far (redis_outcomes._usage_arg).
+local function set_usage(sets, usage)
+  if not usage or usage == '' then return end
+  if usage == '{}' then
+    redis.call('HDEL', j, 'usage')
+    return
+  end
+  sets[#sets + 1] = 'usage'
+  sets[#sets + 1] = usage
+end
+
 -- Set for a terminal outcome, what a caller not reading the job needs: expires (a number, and
 -- as text: expires_at) and the progress percent.
 local expires, expires_at, percent
@@ -123,10 +135,7 @@ elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like 
   local run_at = ARGV[12]
   local sets = {'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', run_at,
     '_es', '1'} -- (its event makes the stream, if there was none)
-  if ARGV[14] and ARGV[14] ~= '' then -- the attempt's usage so far (none: as it was)
-    sets[#sets + 1] = 'usage'
-    sets[#sets + 1] = ARGV[14]
-  end
+  set_usage(sets, ARGV[14])
   write_job(sets, 'waiting', nil, 1)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, sq, 'processing', 'queued')
@@ -138,8 +147,10 @@ elseif kind == 'wait' then -- a Release due at run_at: a new tag when due, like 
     enqueue_ready(id, ty, pq, fair_tag(tenant, ty, pq, cost), sq, run_at)
   end
 else -- release
-  write_job({'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', now,
-    '_es', '1'}, 'released', nil, 1) -- (its event makes the stream, if there was none)
+  local sets = {'status', '"queued"', 'attempts', math.max(0, attempts - 1), 'run_at', now,
+    '_es', '1'} -- (its event makes the stream, if there was none)
+  set_usage(sets, ARGV[12])
+  write_job(sets, 'released', nil, 1)
   redis.call('HDEL', j, 'worker_id', 'lease_expires_at', '_cur')
   reindex(id, ty, sq, 'processing', 'queued')
   tally(QPRIO, priority, 1, false)
