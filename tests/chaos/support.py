@@ -197,6 +197,10 @@ async def wait_registered(app: Backburner, proc: subprocess.Popen[bytes], timeou
 # -- redis-server ----------------------------------------------------------------------------
 
 
+class _PortTaken(RuntimeError):
+    """redis-server could not bind its port: another process has it."""
+
+
 class RedisServer:
     """A redis-server of our own on a free port, with its own dir (killable, restartable)."""
 
@@ -213,6 +217,9 @@ class RedisServer:
         self.config = tuple(config)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self._port_chosen = port is None
+        """Ours to change if another process takes it before the first start binds it."""
+        self._started = False
         self.appendonly = appendonly
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []
@@ -222,7 +229,22 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/{db}?prefix={prefix}"
 
     def start(self, timeout: float = 30.0) -> float:
-        """Start it and wait until it answers PING (AOF loaded); returns that time."""
+        """Start it and wait until it answers PING (AOF loaded); returns that time. A port we
+        chose that another process took meanwhile (an outgoing connection's, from the same
+        range) is chosen again, before the first start: restarts keep theirs."""
+        for tries_left in (3, 2, 1, 0):
+            try:
+                at = self._start(timeout)
+            except _PortTaken:
+                if not self._port_chosen or self._started or not tries_left:
+                    raise
+                self.port = free_port()
+                continue
+            self._started = True
+            return at
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start(self, timeout: float) -> float:
         args = [
             "redis-server",
             "--port",
@@ -248,7 +270,10 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self._log.read_text()[-2000:]}")
+                log = self._log.read_text()[-2000:] if self._log.exists() else ""
+                if "Address already in use" in log:
+                    raise _PortTaken(f"redis-server exited: {log}")
+                raise RuntimeError(f"redis-server exited: {log}")
             if self.ping():
                 return time.time()
             time.sleep(0.01)

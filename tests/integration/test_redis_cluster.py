@@ -69,7 +69,8 @@ class Cluster:
         return len(ask(server.port, "KEYS", "{" + PREFIX + "}:*"))
 
 
-BUS_PORTS: dict[int, int] = {}
+BUS_PORTS: dict[Path, int] = {}
+"""Each node's cluster bus port, by its directory (its port may be chosen again at start)."""
 
 
 def _cluster_node(directory: Path) -> RedisServer:
@@ -90,7 +91,7 @@ def _cluster_node(directory: Path) -> RedisServer:
             "0",
         ),
     )
-    BUS_PORTS[server.port] = bus
+    BUS_PORTS[directory] = bus
     return server
 
 
@@ -117,7 +118,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         for i, server in enumerate(servers):
             ask(server.port, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         for server in servers[1:]:
-            meet = ("CLUSTER", "MEET", "127.0.0.1", server.port, BUS_PORTS[server.port])
+            meet = ("CLUSTER", "MEET", "127.0.0.1", server.port, BUS_PORTS[server.dir])
             ask(primaries[0].port, *meet)
         _wait(
             lambda: all(cluster_info(s.port)["cluster_state"] == "ok" for s in primaries),
