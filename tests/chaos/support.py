@@ -232,17 +232,18 @@ class RedisServer:
         """Start it and wait until it answers PING (AOF loaded); returns that time. A port we
         chose that another process took meanwhile (an outgoing connection's, from the same
         range) is chosen again, before the first start: restarts keep theirs."""
-        for tries_left in (3, 2, 1, 0):
+        tries = 0
+        while True:
             try:
                 at = self._start(timeout)
             except _PortTaken:
-                if not self._port_chosen or self._started or not tries_left:
+                tries += 1
+                if not self._port_chosen or self._started or tries > 3:
                     raise
                 self.port = free_port()
                 continue
             self._started = True
             return at
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _start(self, timeout: float) -> float:
         args = [
