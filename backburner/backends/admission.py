@@ -51,10 +51,14 @@ class FairClocks:
     clock: dict[tuple[str, int], int] = field(default_factory=dict)
     last: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
-    def tag(self, tenant: str, type: str, priority: int, cost: int) -> int:
-        """The tag of a job joining ``tenant``'s line in the (type, priority) queue now."""
+    def tag(self, tenant: str, type: str, priority: int, cost: int, *, waiting: bool) -> int:
+        """The tag of a job joining ``tenant``'s line in the (type, priority) queue now;
+        ``waiting``: whether a job of that queue waits already (has its tag, unclaimed)."""
         queue = (type, priority)
-        if queue not in self.clock:  # a new queue starts level with the others at its priority
+        if queue not in self.clock or not waiting:
+            # A new queue, or one with no job waiting, starts level with the others at its
+            # priority: a clock that stood still while the others moved on would put the
+            # queue's next backlog ahead of every job of theirs (Backend.claim).
             self.clock[queue] = max(
                 (c for (_, p), c in self.clock.items() if p == priority), default=0
             )

@@ -409,7 +409,9 @@ class Backend(Protocol):
         the first claim at or after its run_at, in (run_at, enqueue order)) it gets
         the tag ``max(the tenant's last tag at that priority, the priority's clock) +
         job.fair_cost``; jobs are claimed by (tag, enqueue order), and claiming moves the
-        priority's clock up to the largest tag claimed. So a tenant's jobs keep their order
+        priority's clock up to the largest tag claimed. (Each task type has a clock at each
+        priority; a new one, or one in whose queue no job waits when a job joins it, starts
+        level with the largest clock at that priority.) So a tenant's jobs keep their order
         (FIFO), a tenant that was idle gets no credit for it, and a new tenant's first job
         waits behind at most one job's cost of each other tenant. A Release keeps the job's
         tag, so a job handed back at shutdown is first again.

@@ -178,7 +178,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         if tat is not None:
             self._rates[job.tenant] = tat
         if job.run_at <= job.created_at:
-            stored.tag = self._fair.tag(job.tenant, job.type, job.priority, job.fair_cost)
+            stored.tag = self._tag(stored)
         self._jobs[job.task_id] = stored
         if job.idempotency_key is not None:
             self._by_key[job.idempotency_key] = job.task_id
@@ -284,9 +284,20 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             if s.job.status == JobStatus.QUEUED and s.tag is None and s.job.run_at <= now
         )
         for *_, stored in due:
-            stored.tag = self._fair.tag(
-                stored.job.tenant, stored.job.type, stored.job.priority, stored.cost
-            )
+            stored.tag = self._tag(stored)
+
+    def _tag(self, stored: _Stored) -> int:
+        """The fair-share tag of ``stored`` joining its tenant's line now."""
+        job = stored.job
+        waiting = any(
+            s is not stored
+            and s.tag is not None
+            and s.job.status == JobStatus.QUEUED
+            and s.job.type == job.type
+            and s.job.priority == job.priority
+            for s in self._jobs.values()
+        )
+        return self._fair.tag(job.tenant, job.type, job.priority, stored.cost, waiting=waiting)
 
     def _in_flight(self, tenant: str) -> int:
         return sum(
@@ -305,8 +316,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         if stored is None or stored.job.status != JobStatus.QUEUED or stored.job.run_at <= now:
             return False
         self._update(stored, run_at=now)
-        job = stored.job
-        stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
+        stored.tag = self._tag(stored)
         self._wake()
         return True
 
@@ -404,7 +414,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
             error = outcome.error.model_dump()
             stored.tag = None
             if outcome.run_at <= now:
-                stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
+                stored.tag = self._tag(stored)
             self._update(
                 stored,
                 status=JobStatus.QUEUED,
@@ -425,7 +435,7 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         elif isinstance(outcome, Wait):
             stored.tag = None
             if outcome.run_at <= now:
-                stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)
+                stored.tag = self._tag(stored)
             self._update(
                 stored,
                 status=JobStatus.QUEUED,

@@ -69,6 +69,7 @@ from .sqlite_tenants import (
     fair_tag,
     join_due,
     open_clock,
+    open_clock_of,
     purge_tenant_state,
 )
 from .sqlite_wait import SQLiteWaits
@@ -417,11 +418,14 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
         # A Release keeps the job's fair-share tag (first again); a retry or a wait joins the
         # back of its tenant's line, now if due at once, else when due (at a claim, or wake).
         sets = update.sets
+        rejoins = isinstance(outcome, RetryAt | Wait) and outcome.run_at <= now
         if isinstance(outcome, RetryAt | Wait):
             sets += f", fair_tag = iif(:run_at <= :now, {ROW_TAG}, NULL)"
         sql = f"UPDATE jobs SET {sets} WHERE {guard} RETURNING {COLUMNS}"
 
         def op(conn: sqlite3.Connection) -> Job | CorruptRecordError:
+            if rejoins:
+                open_clock_of(conn, task_id)
             row = conn.execute(sql, params).fetchone()
             if row is None:
                 raise LeaseLostError(task_id, fence)

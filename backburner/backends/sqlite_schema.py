@@ -64,6 +64,10 @@ CREATE INDEX IF NOT EXISTS jobs_claim ON jobs(priority DESC, fair_tag, seq, run_
     WHERE status = 'queued' AND fair_tag IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_untagged ON jobs(run_at, priority)
     WHERE status = 'queued' AND fair_tag IS NULL;
+-- Whether a job waits in a ready queue (a type at a priority): one with none starts level with
+-- the others when a job joins it (sqlite_tenants.open_clock).
+CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs(type, priority)
+    WHERE status = 'queued' AND fair_tag IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs(tenant, seq);
 -- Pipelines (sqlite_children.py): a job's children, newest first (list_jobs(parent_id=...)), and
 -- by status (has_open_children, list_jobs(parent_id=..., status=...)). Partial: a job that is

@@ -37,16 +37,35 @@ def fair_tag(tenant: str, type: str, priority: str, cost: str) -> str:
     )
 
 
-_OPEN_CLOCK = (
-    "INSERT OR IGNORE INTO fair_clocks (type, priority, clock)"
-    " SELECT ?1, ?2, coalesce(max(clock), 0) FROM fair_clocks WHERE priority = ?2"
+_LEVEL = (
+    " ON CONFLICT (type, priority) DO UPDATE SET clock = excluded.clock"
+    " WHERE clock < excluded.clock AND NOT EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_waiting"
+    " WHERE jobs.type = excluded.type AND jobs.priority = excluded.priority"
+    " AND status = 'queued' AND fair_tag IS NOT NULL)"
 )
-"""Give a queue its clock at its first job, from the largest at its priority: from then on only
-claims from that queue move it."""
+_OPEN_CLOCK = (
+    "INSERT INTO fair_clocks (type, priority, clock)"
+    " SELECT ?1, ?2, coalesce(max(clock), 0) FROM fair_clocks WHERE priority = ?2" + _LEVEL
+)
+"""Before a job joins a queue (a type at a priority): give the queue its clock, the largest at
+its priority, if it has none yet or no job waits in it; else claims from it alone move it.
+A clock that stood still while the others moved on (no job of its type came) would put the
+queue's next backlog ahead of every job of the others, for a worker serving several types."""
+
+_OPEN_CLOCK_OF_JOB = (
+    "INSERT INTO fair_clocks (type, priority, clock)"
+    " SELECT type, priority, (SELECT coalesce(max(clock), 0) FROM fair_clocks"
+    " WHERE fair_clocks.priority = jobs.priority) FROM jobs WHERE task_id = ?" + _LEVEL
+)
 
 
 def open_clock(conn: sqlite3.Connection, type: str, priority: int) -> None:
     conn.execute(_OPEN_CLOCK, (type, priority))
+
+
+def open_clock_of(conn: sqlite3.Connection, task_id: str) -> None:
+    """``open_clock`` for the queue of the job ``task_id`` (about to join it again)."""
+    conn.execute(_OPEN_CLOCK_OF_JOB, (task_id,))
 
 
 _IN_FLIGHT = "SELECT coalesce(sum(in_flight), 0) FROM tenant_lines WHERE tenant = ?"

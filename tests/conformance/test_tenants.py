@@ -428,6 +428,21 @@ async def test_a_new_type_starts_level_with_the_others(backend: Backend) -> None
     ]
 
 
+async def test_a_type_idle_for_a_while_does_not_go_ahead_of_the_others(backend: Backend) -> None:
+    # The review's repro: a type's clock stood still while another's moved on; a backlog of
+    # that type then went ahead of every job of the other, as if its clock were level.
+    await tenant_job(backend, "small", task_type="rare")
+    for i in range(30):
+        await tenant_job(backend, "small", task_type="busy", payload={"i": i})
+    assert len(await backend.claim("w1", limit=31, now=T0, lease_s=LEASE)) == 31
+    flood = [
+        await tenant_job(backend, "big", task_type="rare", payload={"i": i}) for i in range(20)
+    ]
+    late = await tenant_job(backend, "small", task_type="busy")
+    order = [j.task_id for j in await picks(backend, 3)]
+    assert order == [flood[0].task_id, late.task_id, flood[1].task_id]
+
+
 async def test_a_replay_past_the_quota_is_refused(backend: Backend) -> None:
     failed = await tenant_job(backend, "acme")
     claimed = await claim_one(backend, failed.task_id)

@@ -22,6 +22,7 @@ BEFORE_TENANTS = [
     "DROP TRIGGER jobs_line_cancel",
     "DROP TRIGGER jobs_line_delete",
     "DROP INDEX jobs_claim",
+    "DROP INDEX jobs_waiting",
     "DROP INDEX jobs_untagged",
     "DROP INDEX jobs_tenant",
     "DROP TABLE tenant_lines",
@@ -82,7 +83,14 @@ async def test_a_file_from_before_tenants_is_upgraded_and_its_jobs_carry_on(
             await engine.close()
     names = _schema_names(path)
     assert "jobs_queue" not in names
-    assert {"jobs_claim", "jobs_untagged", "jobs_tenant", "tenant_lines", "fair_clocks"} <= names
+    assert {
+        "jobs_claim",
+        "jobs_untagged",
+        "jobs_waiting",
+        "jobs_tenant",
+        "tenant_lines",
+        "fair_clocks",
+    } <= names
 
     engine = SQLiteBackend(path)
     await engine.connect()

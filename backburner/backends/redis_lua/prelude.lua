@@ -31,6 +31,8 @@ local OPEN = P .. 'open'
 -- the queue at priority code pq (3 digits), <pq>:<tenant> -> the tenant's last tag in it. The
 -- fixed width of pq keeps the two kinds of field apart, whatever a tenant's name holds.
 local function fkey(ty) return P .. 'fair:' .. ty end
+-- <priority code> -> the largest clock of any type's queue at that priority (fair_level).
+local FAIRTOP = P .. 'fairtop'
 local DEFAULT_TENANT = 'default' -- base.DEFAULT_TENANT
 local FAIR_SCALE = 10000         -- base.FAIR_SCALE: the fair cost of a job of weight 1
 
@@ -239,21 +241,40 @@ local function run_code(run_at) -- whole µs, 17 digits (a claim compares its ow
   return string.format('%017d', us) -- (an integer's format: a float's costs a printf_fp)
 end
 
--- The clock a queue (a type's, at priority code pq) opens with at its first tagged job: the
--- largest clock of any type at pq, so a new type starts level with the others, not ahead.
-local function open_clock(pq)
-  local top = 0
+-- The level of the queues at priority code pq: the largest clock of any type's queue there
+-- (FAIRTOP's field, else found once by reading every type's: a store of an earlier release).
+local function fair_level(pq)
+  local top = tonumber(redis.call('HGET', FAIRTOP, pq))
+  if top then return top end
+  top = 0
   for _, ty in ipairs(redis.call('SMEMBERS', P .. 'types')) do
     local clock = tonumber(redis.call('HGET', fkey(ty), pq))
     if clock and clock > top then top = clock end
   end
+  redis.call('HSET', FAIRTOP, pq, string.format('%d', top))
   return top
+end
+
+-- Move type ty's clock at pq up to tag (a number above the clock), and the level with it.
+local function move_clock(ty, pq, tag)
+  local text = string.format('%d', tag)
+  redis.call('HSET', fkey(ty), pq, text)
+  if tag > fair_level(pq) then redis.call('HSET', FAIRTOP, pq, text) end
+end
+
+-- Whether a job waits in type ty's ready queue at priority code pq (tagged, unclaimed).
+local function queue_waits(ty, pq)
+  local upto = string.format('%03d', tonumber(pq) + 1)
+  return #redis.call('ZRANGE', rkey(ty), '[' .. pq, '(' .. upto, 'BYLEX', 'LIMIT', 0, 1) > 0
 end
 
 -- The tag of a job of tenant joining its line in type ty's queue at priority code pq now
 -- (start-time fair queueing, as backends/admission.py FairClocks.tag): max(the tenant's last
 -- tag in that queue, the queue's clock) + the job's cost (a number). Each queue has a clock of
--- its own, moved only by claims from it. Tags are integers; a double holds them exactly below
+-- its own, moved only by claims from it while jobs wait in it; a new queue, or one with none
+-- waiting, starts level with the others at its priority (fair_level): a clock that stood still
+-- while the others moved on would put its next backlog ahead of all their jobs, for a worker
+-- serving several types. Tags are integers; a double holds them exactly below
 -- 2^53, and below that '%d' (a 64-bit integer here) writes them exactly and their code (19
 -- digits) keeps them in order. They are written by '%d', not by a float format: see event_at.
 -- claimed: the job is claimed in the same step (an enqueue's hand-off), so the queue's clock
@@ -263,17 +284,19 @@ end
 local function fair_tag(tenant, ty, pq, cost, claimed)
   local key, last = fkey(ty), pq .. ':' .. tenant
   local f = redis.call('HMGET', key, pq, last)
-  local clock = tonumber(f[1])
+  local clock, top = tonumber(f[1]), fair_level(pq)
   local opened = clock ~= nil
-  if not opened then clock = open_clock(pq) end
+  local level = not opened or (clock < top and not queue_waits(ty, pq))
+  if level then clock = top end
   local tag = math.max(clock, tonumber(f[2]) or 0) + cost
   local text = string.format('%d', tag)
   if claimed then
     redis.call('HSET', key, last, text, pq, text)
-  elseif opened then
-    redis.call('HSET', key, last, text)
-  else
+    if tag > top then redis.call('HSET', FAIRTOP, pq, text) end
+  elseif level then
     redis.call('HSET', key, pq, string.format('%d', clock), last, text)
+  else
+    redis.call('HSET', key, last, text)
   end
   return tag, opened
 end
@@ -619,7 +642,7 @@ local function claim_jobs(types, limit, wid, wjson, now, lease)
     local key = fkey(ty)
     for pq, tag in pairs(top) do
       local clock = tonumber(redis.call('HGET', key, pq))
-      if tag > (clock or 0) then redis.call('HSET', key, pq, string.format('%d', tag)) end
+      if tag > (clock or 0) then move_clock(ty, pq, tag) end
     end
   end
   return out

@@ -81,7 +81,10 @@ local function carry_over(f)
   local g = redis.call('HMGET', key, pq, last)
   if not g[1] then
     local clock = tonumber(redis.call('HGET', OLD_FAIR, pq))
-    if clock then redis.call('HSET', key, pq, string.format('%.0f', clock)) end
+    if clock then
+      redis.call('HSET', key, pq, string.format('%.0f', clock))
+      redis.call('HDEL', FAIRTOP, pq) -- (fair_level finds the level again)
+    end
   end
   if not tonumber(g[2]) or tonumber(g[2]) < tag then
     redis.call('HSET', key, last, string.format('%.0f', tag))
