@@ -511,9 +511,9 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
                 f"only failed jobs can be replayed; job {task_id} is {job.status}"
             )
         limit = None if quota is None else quota.max_in_flight
-        if limit is not None and self._in_flight(job.tenant) >= limit:
+        if limit is not None and job.parent_id is None and self._in_flight(job.tenant) >= limit:
             raise QuotaExceededError(job.tenant, limit)
-        stored.tag = self._fair.tag(job.tenant, job.type, job.priority, stored.cost)  # due now
+        stored.tag = self._tag(stored)  # due now
         self._update(
             stored,
             status=JobStatus.QUEUED,

@@ -522,7 +522,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
     ) -> Job:
         def op(conn: sqlite3.Connection) -> Job:
             found = conn.execute(
-                "SELECT status, tenant, type, priority FROM jobs WHERE task_id = ?", (task_id,)
+                "SELECT status, tenant, type, priority, parent_id FROM jobs WHERE task_id = ?",
+                (task_id,),
             )
             status = found.fetchone()
             if status is None:
@@ -531,7 +532,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                 raise InvalidTransitionError(
                     f"only failed jobs can be replayed; job {task_id} is {status[0]}"
                 )
-            check_in_flight(conn, status[1], quota)
+            if status[4] is None:  # (a pipeline's child counts as its parent's work)
+                check_in_flight(conn, status[1], quota)
             open_clock(conn, status[2], status[3])
             row = conn.execute(
                 "UPDATE jobs SET status = 'queued', max_attempts = attempts + :extra,"

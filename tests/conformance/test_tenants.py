@@ -459,3 +459,18 @@ async def test_a_replay_past_the_quota_is_refused(backend: Backend) -> None:
         failed.task_id, now=T0 + 1, extra_attempts=1, quota=Quota(max_in_flight=2)
     )
     assert replayed.status == JobStatus.QUEUED
+
+
+async def test_a_childs_replay_is_not_held_to_the_quota(backend: Backend) -> None:
+    # Children are their parent's work, not submissions: they are not counted in flight, so
+    # the replay of a failed one is not refused while the parent fills the tenant's quota.
+    parent = await tenant_job(backend, "acme", run_at=T0 + 600)  # (queued, not due)
+    child = await tenant_job(backend, "acme", parent_id=parent.task_id)
+    claimed = await claim_one(backend, child.task_id)
+    await backend.finish(child.task_id, claimed.fence, Fail(error(), ttl_s=TTL), now=T0)
+    assert await backend.tenant_in_flight("acme") == 1
+    replayed = await backend.replay(
+        child.task_id, now=T0 + 1, extra_attempts=1, quota=Quota(max_in_flight=1)
+    )
+    assert replayed.status == JobStatus.QUEUED
+    assert await backend.tenant_in_flight("acme") == 1

@@ -1,6 +1,6 @@
 -- ARGV: P, id, now, extra_attempts, max_in_flight|'', cancelled_too 0|1
 -- Refused ({'quota', tenant}, nothing written) when the job's tenant has max_in_flight jobs
--- queued or processing. Everything is read and checked before the first write, so no input
+-- queued or processing, unless it is a pipeline's child (children are not counted). Everything is read and checked before the first write, so no input
 -- makes the script fail half-way (a job queued in no queue, a count off by one).
 local id, now = ARGV[2], ARGV[3]
 local j = jkey(id)
@@ -14,7 +14,7 @@ end
 local ty, sq, seq, priority, pq, tenant, cost = job_line(id, f[2], f[3], f[7], f[8], f[9],
   f[10])
 if not ty then return redis.error_reply('job ' .. id .. ' has no task type') end
-if ARGV[5] ~= '' then
+if ARGV[5] ~= '' and not parent_of(f[11]) then -- (a child counts as its parent's work)
   local in_flight = tonumber(redis.call('HGET', INFLIGHT, tenant)) or 0
   if in_flight >= tonumber(ARGV[5]) then return {'quota', tenant} end
 end
