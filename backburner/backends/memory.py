@@ -545,8 +545,6 @@ class MemoryBackend(MemorySlots, MemoryWebhooks):
         del self._jobs[stored.job.task_id]
         self._outbox.drop(stored.job.task_id)
         self._wake()
-        for signals in self._signals.values():
-            signals.pop(stored.job.task_id, None)
         key = stored.job.idempotency_key
         if key is not None and self._by_key.get(key) == stored.job.task_id:
             del self._by_key[key]

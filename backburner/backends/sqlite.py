@@ -563,7 +563,8 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                 )
             conn.execute("DELETE FROM jobs WHERE task_id = ?", (task_id,))
             conn.execute("DELETE FROM events WHERE task_id = ?", (task_id,))
-            conn.execute("DELETE FROM cancel_signals WHERE task_id = ?", (task_id,))
+            # (A cancel signal waiting for the job's worker stays for it to read: taken with
+            # the job, the cancelled attempt ran on until the worker's next heartbeat.)
             delete_messages(conn, [(task_id,)])
             return True
 
@@ -606,7 +607,6 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                     ids.append((task_id,))
             conn.executemany("DELETE FROM jobs WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM events WHERE task_id = ?", ids)
-            conn.executemany("DELETE FROM cancel_signals WHERE task_id = ?", ids)
             delete_messages(conn, ids)
             # A signal for a worker that died before reading it would otherwise stay forever.
             conn.execute("DELETE FROM cancel_signals WHERE created_at <= ?", (now - 3600,))

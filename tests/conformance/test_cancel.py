@@ -113,6 +113,17 @@ async def test_signals_collect_per_worker(backend: Backend) -> None:
     assert await backend.poll_cancellations("w2") == {}
 
 
+async def test_the_signal_outlives_the_jobs_delete(backend: Backend) -> None:
+    # Cancel, then delete at once (the delete's 409 says "cancel it first"): the attempt must
+    # still hear of it. The delete took the signal, and the handler ran on until the worker's
+    # next heartbeat found its lease gone (10 s in the review's repro).
+    job = await drive(backend, JobStatus.PROCESSING, worker="w1")
+    await backend.cancel(job.task_id, now=T0 + 5)
+    assert await backend.delete(job.task_id) is True
+    assert await backend.poll_cancellations("w1") == {job.task_id: job.fence}
+    assert await backend.poll_cancellations("w1") == {}
+
+
 async def test_the_signal_names_the_current_attempt(backend: Backend) -> None:
     job = await drive(backend, JobStatus.PROCESSING, worker="w1")
     await backend.finish(job.task_id, job.fence, RetryAt(error(), run_at=T0 + 2), now=T0 + 2)

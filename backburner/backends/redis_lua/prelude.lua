@@ -531,8 +531,9 @@ local function forget(id, fields)
   if ik and ik ~= '' and redis.call('GET', P .. 'k:' .. ik) == id then
     redis.call('DEL', P .. 'k:' .. ik)
   end
-  local worker = json_string(fields[4])
-  if worker then redis.call('HDEL', P .. 'c:' .. worker, id) end
+  -- A cancel signal waiting for its worker (fields[4]) stays: a job cancelled and at once
+  -- deleted still runs there until the worker reads it (it was 10 s, till a heartbeat, when
+  -- the delete took the signal). Its worker takes it at its next poll; c:<worker> expires.
   redis.call('ZREM', nkey(json_string(fields[5]) or DEFAULT_TENANT), id)
   local parent = parent_of(fields[6])
   if parent then redis.call('ZREM', pkey(parent), id) end
