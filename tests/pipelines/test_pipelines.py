@@ -489,6 +489,40 @@ async def test_the_cascade_of_a_failure_stops_once_the_parent_is_replayed(
         assert {(await bb.get(k.task_id)).status for k in kids} == {JobStatus.CANCELLED}
 
 
+async def test_a_cascade_cancels_the_running_children_before_the_queued_ones(
+    bb: Backburner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The running ones spend tokens: a batch's 50 went on streaming for 6 s while its 9,950
+    # queued requests were cancelled first.
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    @bb.task
+    async def kid(ctx: JobContext) -> None:
+        return None
+
+    async with bb:
+        parent = await bb.enqueue("noop")
+        kids = [await bb.enqueue("kid", parent_id=parent.task_id) for _ in range(6)]
+        running = await bb.backend.claim(
+            "w1", limit=2, now=kids[-1].created_at, lease_s=60, types=["kid"]
+        )
+        assert len(running) == 2
+        order: list[str] = []
+        cancel = bb.cancel
+
+        async def noting(task_id: str, **kwargs: Any) -> Job:
+            order.append(task_id)
+            return await cancel(task_id, **kwargs)
+
+        monkeypatch.setattr(bb, "cancel", noting)
+        await cancel_children(bb, parent.task_id)
+        assert set(order[:2]) == {j.task_id for j in running}
+        assert sorted(order) == sorted(k.task_id for k in kids)
+        assert {(await bb.get(k.task_id)).status for k in kids} == {JobStatus.CANCELLED}
+
+
 async def test_a_pipelines_usage_counts_the_calls_of_every_run(bb: Backburner) -> None:
     # Only the last run's usage was stored: a research question's plan call, made before it
     # parked for its searches, was in neither its usage nor the token metrics.
