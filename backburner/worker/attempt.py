@@ -160,8 +160,10 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
         if timeout is None:  # (asyncio.timeout(None) costs every job a Timeout for nothing)
             result = await definition.call(ctx, job.input)
         elif timeouts is None or timeout < timeouts.min_timeout_s:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as limit:
                 result = await definition.call(ctx, job.input)
+            if limit.expired():  # (the handler caught its cancellation and returned: too late)
+                raise TimeoutError
         else:
             slot = timeouts.arm(attempt, timeout)
             try:
@@ -176,6 +178,8 @@ async def _run_handler(app: Backburner, attempt: Attempt, ctx: JobContext) -> Ou
                     task = asyncio.current_task()
                     if task is not None:
                         task.uncancel()
+            if timed_out:  # (as above: a result past the timeout is not stored)
+                raise TimeoutError
         return Complete(result, usage=ctx.usage or None)
     except asyncio.CancelledError as exc:
         if timed_out:  # the timeout's own cancellation: a TimeoutError, as asyncio.timeout's
