@@ -61,7 +61,7 @@ from .redis_codec import (
     priority_code,
 )
 from .redis_endpoint import RedisEndpoint
-from .redis_eviction import EVICTION_RECHECK_S, EvictionWatch
+from .redis_eviction import EVICTION_RECHECK_S, EvictionWatch, check_replicas
 from .redis_link import RedisLink
 from .redis_outcomes import finished_job, outcome_args, webhook_event
 from .redis_reads import RedisReads, text
@@ -184,11 +184,12 @@ class RedisBackend(RedisReads, RedisWaiting, RedisWebhookOutbox):
         self._link.start()
         where = f"{self._where} (prefix {self.prefix!r})"
         try:
-            layout, _, _, _ = await asyncio.gather(
+            layout, _, _, _, _ = await asyncio.gather(
                 self._link.call("GET", self._p + LAYOUT_KEY, read_only=True),
                 self._load_code(self._link),
                 self._eviction.check(self._link),
                 self._check_channels(self._link),
+                check_replicas(self._link, self._where, self.replicas),
             )
             if not check_layout(layout, where):
                 # A new store, or one of an earlier layout: returns once up to date.

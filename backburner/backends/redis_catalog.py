@@ -5,7 +5,7 @@ EVALSHA (``redis_scripts``)."""
 
 from __future__ import annotations
 
-from ..errors import BackendError
+from ..errors import BackendConnectionError, BackendError
 from .redis_link import Script
 from .redis_reads import READ_SCRIPTS
 from .redis_scripts import BATCH_SUFFIX, Library, load_batched_script, load_script
@@ -102,5 +102,7 @@ def hand_off_commands(scripts: dict[str, Script]) -> frozenset[str]:
 def lacks_functions(error: BackendError) -> bool:
     """Whether FUNCTION LOAD failed for want of Redis Functions (Redis < 7, or an ACL or a
     managed Redis that does not allow them): the scripts then go as EVALSHA."""
+    if isinstance(error, BackendConnectionError):  # (no answer of Redis: a Sentinel's, say)
+        return False
     message = str(error)
     return any(s in message for s in ("unknown command", "NOPERM", "unknown subcommand"))

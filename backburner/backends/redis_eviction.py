@@ -6,7 +6,8 @@ Redis under ``maxmemory`` with any ``maxmemory-policy`` but ``noeviction`` delet
 room, silently: a job whose keys go is neither run nor reported, which the rest of the backend
 is built never to allow. A managed Redis often defaults to ``volatile-lru``. The backend warns
 then, naming what the policy puts at risk (it cannot refuse: the setting may not be its
-owner's to change, and with memory to spare nothing is evicted).
+owner's to change, and with memory to spare nothing is evicted). Also read at connect: whether
+as many replicas are connected as ``?replicas=N`` waits for (``check_replicas``).
 """
 
 from __future__ import annotations
@@ -123,3 +124,28 @@ class EvictionWatch:
             if current is None:
                 return
             await self.check(current)
+
+
+async def check_replicas(link: RedisLink, where: str, wanted: int) -> None:
+    """Warn if fewer replicas are connected than ``replicas=N`` waits for: then every enqueue
+    waits its replica_timeout_ms and fails with NotReplicatedError (a 503), though stored, and
+    a client that repeats it without an idempotency key makes the job twice."""
+    if wanted <= 0:
+        return
+    try:
+        reply = await link.call("INFO", "replication", read_only=True)
+    except BackendError as exc:
+        log.debug("Redis at %s: cannot read its replicas (%s)", where, exc)
+        return
+    info = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    connected = info_field(info, "connected_slaves")
+    if connected is not None and connected.isdigit() and int(connected) < wanted:
+        log.warning(
+            "Redis at %s has %s replicas connected, and replicas=%d in the URL: each enqueue "
+            "waits for %d replicas, so until they connect every one is refused after "
+            "replica_timeout_ms (NotReplicatedError, a 503), though stored.",
+            where,
+            connected,
+            wanted,
+            wanted,
+        )

@@ -37,13 +37,13 @@ SERVICE = "bbtest"
 class Sentinel:
     """One redis-server in Sentinel mode, on a free port, watching ``primary``."""
 
-    def __init__(self, directory: Path, primary_port: int) -> None:
+    def __init__(self, directory: Path, primary_port: int, quorum: int = 1) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.config = directory / "sentinel.conf"
         self.config.write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {directory}\n"
-            f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n"
             f"sentinel down-after-milliseconds {SERVICE} 1000\n"
             f"sentinel failover-timeout {SERVICE} 10000\n"
         )
@@ -336,9 +336,12 @@ async def test_a_sentinel_url_is_read_at_once_and_its_service_named_when_unreach
     with socket.socket() as nowhere:  # bound, not listening: connect() names the service
         nowhere.bind(("127.0.0.1", 0))
         bad = backend_from_url(f"redis+sentinel://127.0.0.1:{nowhere.getsockname()[1]}/svc")
-        with pytest.raises(BackendError, match="Sentinel service 'svc'"):
+        with pytest.raises(BackendError, match="Sentinel service 'svc'") as refused:
             await bad.connect()
         await bad.close()
+    # One line naming the Sentinel and why, not redis-py's reprs of its clients (2.4 KB).
+    message = str(refused.value)
+    assert "Error 111" in message and "<redis" not in message and len(message) < 400
 
 
 @pytest.mark.timeout(60)
@@ -435,3 +438,20 @@ async def test_with_replicas_1_no_acknowledged_enqueue_is_lost_when_the_primary_
     missing = [j.task_id for j in jobs if not ask(new_port, "EXISTS", "{kept}:j:" + j.task_id)]
     assert missing == []
     assert len({job.task_id for job in jobs}) == 300
+
+
+async def test_a_primary_with_fewer_replicas_than_replicas_n_is_reported_at_connect(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_redis_backend()
+    alone = RedisServer(tmp_path / "alone", appendonly=False)
+    alone.start()
+    try:
+        caplog.set_level(logging.WARNING, logger="backburner.redis")
+        async with replicated_app(alone.port, "fewer", 300) as bb:
+            with pytest.raises(NotReplicatedError):  # (what the warning foretells)
+                await bb.enqueue("noop")
+    finally:
+        alone.stop()
+    warned = [r.getMessage() for r in caplog.records if r.name == "backburner.redis"]
+    assert any("has 0 replicas connected, and replicas=1" in m for m in warned), warned
