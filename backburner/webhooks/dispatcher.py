@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,8 +53,19 @@ MAX_RESPONSE_BYTES = 64 * 1024
 """How much of a receiver's answer is read (the rest is dropped with the connection)."""
 LEASE_MARGIN_S = 5.0
 HELD_PER_RECEIVER = 2 * PER_RECEIVER
-"""Messages to one receiver a dispatcher holds at once: its connections' worth sending, as
-many waiting for one. The rest of its due messages wait in the outbox."""
+"""Messages to one receiver a dispatcher sends at once: its connections' worth sending, as
+many waiting for one."""
+DRAINING_S = 2.0
+"""A receiver with HELD_PER_RECEIVER messages in flight is draining if the oldest of them
+started less than this ago: its further messages wait here, in its line, for its next free
+slot (a backlog to a fast receiver goes out as fast as it answers; it went out 16 a lease).
+One whose oldest started earlier is slow or hung: its further messages stay leased in the
+outbox until their lease ends. A line holds no slot: other receivers' messages are claimed
+and sent meanwhile."""
+LINE_WAIT_S = LEASE_MARGIN_S - 1.0
+"""The longest a claimed message waits in its receiver's line: its lease, taken at the claim,
+must outlast the wait plus an attempt (2 x timeout); one that waited longer is let go (due
+again when its lease ends)."""
 
 
 def webhook_body(message: WebhookDelivery, job: Job | None) -> str:
@@ -117,6 +128,12 @@ class WebhookDispatcher:
         self._held: Counter[tuple[str, str, int] | None] = Counter()
         """Messages in flight per receiver (scheme, host, port), sending or waiting for one
         of its connections."""
+        self._started: dict[tuple[str, str, int] | None, dict[asyncio.Task[None], float]] = {}
+        """When each message in flight to each receiver started."""
+        self._lines: dict[tuple[str, str, int] | None, deque[tuple[WebhookDelivery, float]]] = {}
+        """Claimed messages of draining receivers waiting for a slot, with their claim time."""
+        self._closing = False
+        """Set as run() stops: a slot freed then starts nothing from a line (its leases end)."""
 
     def poke(self) -> None:
         """A message may be due now: look at once."""
@@ -134,6 +151,7 @@ class WebhookDispatcher:
         try:
             # (once hurried, what it claimed now it would only cut short)
             while not stopping.is_set() and not (hurry is not None and hurry.is_set()):
+                self._let_go_of_waits(time.monotonic())
                 free = self.concurrency - len(self._inflight)
                 if free > 0:
                     try:
@@ -153,17 +171,16 @@ class WebhookDispatcher:
                     if failed:
                         log.info("webhook outbox: claims work again after %d failures", failed)
                         failed = 0
+                    now = time.monotonic()
                     for message in messages:
                         receiver = self._receiver_of(message)
-                        if self._held[receiver] >= HELD_PER_RECEIVER:
-                            # Its receiver has all it can take: the message is due again when
-                            # its lease ends, and a receiver that hangs holds at most this
-                            # many of the slots every other receiver's messages need.
-                            continue
-                        self._held[receiver] += 1
-                        task = asyncio.create_task(self._deliver(message))
-                        self._inflight.add(task)
-                        task.add_done_callback(functools.partial(self._done, receiver))
+                        if self._held[receiver] < HELD_PER_RECEIVER:
+                            self._start(receiver, message)
+                        elif self._draining(receiver, now):
+                            self._lines.setdefault(receiver, deque()).append((message, now))
+                        # Else its receiver is slow or hung: the message is due again when its
+                        # lease ends, and that receiver holds at most HELD_PER_RECEIVER of
+                        # the slots every other receiver's messages need.
                     if len(messages) == free:
                         continue  # there may be more due
                 self._poke.clear()
@@ -175,6 +192,7 @@ class WebhookDispatcher:
                     for w in waits:
                         w.cancel()
         finally:
+            self._closing = True
             try:
                 await wait_all_or(set(self._inflight), hurry, self.lease_s)
             finally:  # (cancelled while it waits: what follows runs all the same)
@@ -191,15 +209,52 @@ class WebhookDispatcher:
             return None
         return (target.scheme, target.host, target.port)
 
+    def _start(self, receiver: tuple[str, str, int] | None, message: WebhookDelivery) -> None:
+        self._held[receiver] += 1
+        task = asyncio.create_task(self._deliver(message))
+        self._inflight.add(task)
+        self._started.setdefault(receiver, {})[task] = time.monotonic()
+        task.add_done_callback(functools.partial(self._done, receiver))
+
+    def _draining(self, receiver: tuple[str, str, int] | None, now: float) -> bool:
+        started = self._started.get(receiver)
+        if not started:
+            return False
+        return now - min(started.values()) < DRAINING_S
+
     def _done(self, receiver: tuple[str, str, int] | None, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
+        started = self._started.get(receiver)
+        if started is not None:
+            started.pop(task, None)
+            if not started:
+                del self._started[receiver]
         self._held[receiver] -= 1
         if not self._held[receiver]:
             del self._held[receiver]
+        line = self._lines.get(receiver)
+        now = time.monotonic()
+        while line:
+            message, claimed = line.popleft()
+            if now - claimed <= LINE_WAIT_S and not self._closing:
+                self._start(receiver, message)  # (its slot, at once)
+                break
+        if line is not None and not line:
+            del self._lines[receiver]
         if len(self._inflight) == self.concurrency - 1:
             self._poke.set()  # it was full: room again
         if not task.cancelled() and task.exception() is not None:
             log.error("webhook delivery crashed: %r", task.exception())
+
+    def _let_go_of_waits(self, now: float) -> None:
+        """Drop the messages that waited in a line too long (their leases end; then they are
+        due again): a receiver that drained when they came may have hung since."""
+        for receiver in list(self._lines):
+            line = self._lines[receiver]
+            while line and now - line[0][1] > LINE_WAIT_S:
+                line.popleft()
+            if not line:
+                del self._lines[receiver]
 
     async def _deliver(self, message: WebhookDelivery) -> None:
         backend = self.app.backend

@@ -475,6 +475,23 @@ async def test_a_receiver_that_hangs_does_not_hold_up_the_others(
         hang.set()
 
 
+async def test_a_backlog_to_one_fast_receiver_goes_out_as_fast_as_it_answers(
+    hooks: Receiver, make: Any
+) -> None:
+    # Past a receiver's 16 messages in flight, the rest of a claim was left leased: a burst
+    # to one receiver that answers at once went out 16 a lease (17 s here, 35 s by default).
+    bb = await make(webhook_timeout_s=6.0, webhook_concurrency=100)
+    async with bb:
+        for _ in range(150):  # (queued first: they end, and their messages are due, at once)
+            await bb.enqueue("echo", webhook_url=hooks.url("/fast"))
+        started = asyncio.get_running_loop().time()
+        async with running_worker(bb, concurrency=50):
+            got = await asyncio.to_thread(hooks.state.wait_for, "/fast", 150, 14.0)
+        took = asyncio.get_running_loop().time() - started
+    assert len({json.loads(r.body)["task_id"] for r in got}) == 150
+    assert took < 14.0  # (before: 16 a lease, 150 in about two minutes)
+
+
 async def test_an_alert_is_not_sent_unsigned_and_an_attempt_is_bounded_as_a_whole(
     hooks: Receiver, make: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
