@@ -233,9 +233,15 @@ class PipelineContext:
             if attempt > 1:
                 self._forget_since(name, began)
             try:
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
+                if inspect.iscoroutinefunction(fn):
+                    value = await fn(*args, **kwargs)
+                else:
+                    # A plain function runs in a thread: on the event loop, one that blocked
+                    # (a sync SDK's call) held every job of the worker, their cancels and
+                    # heartbeats with them (a review's cancel waited 5.5 s).
+                    value = await asyncio.to_thread(fn, *args, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
                 return value
             except (PermanentError, Suspend):
                 raise

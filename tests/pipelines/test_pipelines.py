@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -760,13 +762,46 @@ async def test_a_step_inside_a_step_and_a_map_inside_a_step_replay_in_order(
     assert other.status == JobStatus.COMPLETED and other.result == "ok", other.error
 
 
+async def test_a_plain_function_step_that_blocks_holds_no_other_job(bb: Backburner) -> None:
+    # On the event loop, a blocking step (a sync SDK's call) held every job of the worker: a
+    # review's cancel of another job waited 5.5 s for it.
+    release = threading.Event()
+    ended: list[float] = []
+
+    def blocking() -> str:
+        release.wait(10)
+        ended.append(time.time())
+        return "done"
+
+    @bb.pipeline
+    async def slow(ctx: Any) -> str:
+        return str(await ctx.step("work", blocking))
+
+    @bb.task
+    async def quick(ctx: JobContext) -> str:
+        return "quick"
+
+    async with bb, running_worker(bb, concurrency=2):
+        pipeline = await bb.enqueue("slow")
+        await eventually(lambda: _started(bb, pipeline.task_id), timeout=20)
+        other = await bb.wait((await bb.enqueue("quick")).task_id, timeout=20)
+        release.set()
+        done = await bb.wait(pipeline.task_id, timeout=20)
+    assert other.status == JobStatus.COMPLETED and done.result == "done"
+    assert other.finished_at is not None and other.finished_at < ended[0]
+
+
+async def _started(bb: Backburner, task_id: str) -> bool:
+    return (await bb.get(task_id)).status == JobStatus.PROCESSING
+
+
 async def test_a_step_retry_waits_for_a_retry_after_and_hands_a_long_one_to_the_job(
     bb: Backburner,
 ) -> None:
     calls: list[float] = []
 
-    def limited() -> str:
-        calls.append(asyncio.get_running_loop().time())
+    def limited() -> str:  # (a plain function: it runs in a thread, with no event loop)
+        calls.append(time.monotonic())
         if len(calls) == 1:
             raise Retry("429", after=1.0)  # within cap_s: waited for in place
         if len(calls) == 2:
