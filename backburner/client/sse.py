@@ -33,7 +33,10 @@ class SSEParser:
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buffer = ""
+        self._partial: list[str] = []
+        """The pieces of the line under way: a long line (a large event's data) arriving in
+        many chunks is joined once, at its end (rescanning all of it at every chunk took 10 s
+        for one 8 MB event)."""
         self._pending_cr = False  # the last chunk ended in CR: skip an LF that starts the next
         self._started = False
         self._event = ""
@@ -54,17 +57,22 @@ class SSEParser:
         if self._pending_cr and text.startswith("\n"):
             text = text[1:]
         self._pending_cr = False
-        buffer = self._buffer + text
         events: list[ServerSentEvent] = []
         start = 0
-        for match in _LINE_END.finditer(buffer):
-            if match.group() == "\r" and match.end() == len(buffer):
+        for match in _LINE_END.finditer(text):
+            if match.group() == "\r" and match.end() == len(text):
                 self._pending_cr = True
-            event = self._line(buffer[start : match.start()])
+            line = text[start : match.start()]
+            if self._partial:
+                self._partial.append(line)
+                line = "".join(self._partial)
+                self._partial = []
+            event = self._line(line)
             if event is not None:
                 events.append(event)
             start = match.end()
-        self._buffer = buffer[start:]
+        if start < len(text):
+            self._partial.append(text[start:])
         return events
 
     def _line(self, line: str) -> ServerSentEvent | None:
