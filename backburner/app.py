@@ -24,7 +24,7 @@ from .errors import (
 )
 from .hooks import HookChain, Hooks
 from .jsoncodec import is_unicode, round_trip
-from .models import Event, Job, JobStatus, WebhookDelivery
+from .models import MAX_EVENT_SEQ, Event, Job, JobStatus, WebhookDelivery
 from .observability.metrics import Metrics
 from .observability.tracing import Tracing
 from .pipelines import ParentWaker, cancel_children, pipeline_handler
@@ -467,8 +467,8 @@ class Backburner:
         self, task_id: str, *, after: int = 0, limit: int = 1000, tenant: str | None = None
     ) -> list[Event]:
         """The job's events with seq > ``after``, oldest first. JobNotFoundError if no job."""
-        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-            raise InvalidInputError("after must be an integer >= 0")
+        if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= MAX_EVENT_SEQ:
+            raise InvalidInputError(f"after must be an integer within 0..{MAX_EVENT_SEQ}")
         if not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidInputError("limit must be within 1..10000")
         await self.connect()

@@ -29,6 +29,11 @@ class JobStatus(StrEnum):
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+MAX_EVENT_SEQ = 10**18 - 1
+"""The largest event seq a reader may name (``after``): 18 digits, within every backend's
+integers (a larger one failed on SQLite with OverflowError, on Redis as a bad stream id)."""
+
+
 class Progress(BaseModel):
     model_config = ConfigDict(frozen=True)
 

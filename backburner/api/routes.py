@@ -15,7 +15,7 @@ from ..builtin import BATCH, DEFAULT_MAX_TOKENS, GENERATE, has_builtin_batch, is
 from ..errors import BackendError, InvalidInputError, PermissionDeniedError, QuotaExceededError
 from ..jsoncodec import depth
 from ..keys import KeyRing, Principal
-from ..models import Job, JobStatus, WebhookDelivery
+from ..models import MAX_EVENT_SEQ, Job, JobStatus, WebhookDelivery
 from ..observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..providers.base import generation_args
 from ..settings import Settings
@@ -44,7 +44,7 @@ SSE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "the event stream"},
     204: {"description": "the job has ended and the stream was resumed past its last event"},
 }
-MAX_SEQ = 10**18 - 1
+MAX_SEQ = MAX_EVENT_SEQ
 _EVENT_ID = re.compile(r"[0-9]{1,18}")
 Cursor = Annotated[
     str | None,

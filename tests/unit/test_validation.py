@@ -261,6 +261,10 @@ async def test_replay_and_events_validate_arguments(backend: Backend) -> None:
         await bb.events(job.task_id, limit=-1)
     with pytest.raises(InvalidInputError, match="after"):
         await bb.events(job.task_id, after=-1)
+    for past in (2**63, 2**63 - 1, 10**18):  # (OverflowError on SQLite, a BackendError on Redis)
+        with pytest.raises(InvalidInputError, match="after"):
+            await bb.events(job.task_id, after=past)
+    assert await bb.events(job.task_id, after=10**18 - 1) == []
     with pytest.raises(JobNotFoundError):
         await bb.events("task_nope")
     assert [e.seq for e in await bb.events(job.task_id)] == [1]
