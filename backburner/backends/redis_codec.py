@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..errors import CorruptRecordError
 from ..jsoncodec import encode
 from ..models import Event, Job, WebhookDelivery, stored_job
 from .base import NewJob, NextClaim
@@ -108,16 +109,19 @@ def decode_events(task_id: str, entries: list[Any]) -> list[Event]:
     """Events from XRANGE entries: [id, [field, value, ...]] with id "<seq>-0"."""
     events = []
     for entry_id, flat in entries:
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        events.append(
-            Event.model_construct(
+        try:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            event = Event.model_construct(
                 task_id=task_id,
                 seq=int(entry_id.split(b"-", 1)[0]),
                 type=fields[b"t"].decode(),
                 data=json.loads(fields[b"d"]),
                 at=float(fields[b"a"]),
             )
-        )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # (a damaged entry)
+            where = entry_id.decode(errors="replace") if isinstance(entry_id, bytes) else entry_id
+            raise CorruptRecordError(task_id, f"event {where}: {exc!s:.80}") from None
+        events.append(event)
     return events
 
 

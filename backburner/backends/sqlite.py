@@ -256,12 +256,16 @@ class SQLiteBackend(SQLiteSlots, SQLiteWebhooks, SQLiteTenants, SQLiteWaits, SQL
                 " ORDER BY seq LIMIT ?",
                 (task_id, after, limit),
             ).fetchall()
-            return [
-                Event.model_construct(
-                    task_id=task_id, seq=seq, type=type_, data=json.loads(data), at=at
+            events = []
+            for seq, type_, data, at in rows:
+                try:
+                    value = json.loads(data)
+                except (ValueError, TypeError) as exc:  # (a row damaged by hand or by a disk)
+                    raise CorruptRecordError(task_id, f"event {seq}: {exc!s:.80}") from None
+                events.append(
+                    Event.model_construct(task_id=task_id, seq=seq, type=type_, data=value, at=at)
                 )
-                for seq, type_, data, at in rows
-            ]
+            return events
 
         return await self._executor.run(op, write=False)
 

@@ -457,3 +457,24 @@ async def test_an_unreadable_job_is_a_typed_500_and_left_out_of_listings(
         )
         assert await srv.task_ids() == [good["task_id"]]
         assert (await srv.client.get(good["poll_url"])).status_code == 200
+
+
+async def test_a_damaged_event_is_a_typed_500_or_a_stream_that_ends_cleanly(
+    transport: str, tmp_path: Path
+) -> None:
+    # It was a 500 internal_error with a JSONDecodeError traceback, or a 200 whose body was
+    # cut off mid-stream (the client retried six times, then gave up with TransportError).
+    async with serve(transport, tmp_path, run_worker=False) as srv:
+        job = check_accepted(await srv.client.post("/v1/tasks", json={"type": "quick"}))
+        assert (await srv.client.post(f"/v1/tasks/{job['task_id']}/cancel")).status_code == 200
+        with sqlite3.connect(tmp_path / "api.db") as conn:  # damaged behind the API's back
+            conn.execute(
+                "UPDATE events SET data = '{bad' WHERE task_id = ? AND seq = 2", (job["task_id"],)
+            )
+        events = f"/v1/tasks/{job['task_id']}/events"
+        resumed = await srv.client.get(events, headers={"Last-Event-ID": "1"})
+        body = assert_error(resumed, 500, "corrupt_record")
+        assert body["message"].startswith(f"job {job['task_id']}: its stored record cannot be read")
+        whole = await srv.client.get(events)  # (read to its end: not cut off)
+        assert whole.status_code == 200 and whole.text.startswith("retry: 1000\n\n")
+        assert "id: 2\n" not in whole.text
