@@ -26,5 +26,5 @@ def test_entries_are_read_back() -> None:
     ids=["data", "missing", "time", "type"],
 )
 def test_a_damaged_entry_names_its_job_and_entry(flat: list[bytes]) -> None:
-    with pytest.raises(CorruptRecordError, match="job task_a: .*event 3-0"):
+    with pytest.raises(CorruptRecordError, match=r"job task_a: .*event 3-0"):
         decode_events("task_a", [[b"3-0", flat]])
