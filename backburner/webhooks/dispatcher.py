@@ -154,10 +154,15 @@ class WebhookDispatcher:
                 self._let_go_of_waits(time.monotonic())
                 free = self.concurrency - len(self._inflight)
                 if free > 0:
-                    try:
-                        messages = await backend.claim_webhooks(
+                    claiming = asyncio.ensure_future(
+                        backend.claim_webhooks(
                             now=self.app.clock.now(), limit=free, lease_s=self.lease_s
                         )
+                    )
+                    if not await _unless_stopped(claiming, stopping):
+                        break  # (a claim that lands anyway: its leases end, others send them)
+                    try:
+                        messages = claiming.result()
                     except Exception as exc:  # the loop must outlive any one failure
                         failed += 1
                         if worth_logging(failed):
@@ -464,6 +469,22 @@ async def _discard(response: httpx.Response) -> None:
         read += len(chunk)
         if read >= MAX_RESPONSE_BYTES:
             break
+
+
+async def _unless_stopped(work: asyncio.Future[Any], stopping: asyncio.Event) -> bool:
+    """Wait for ``work`` unless ``stopping`` is set first (then cancel it): whether it ended.
+    A claim waits as long as the backend does (a SQLite file locked by another process:
+    30 s), and held the worker's shutdown that long."""
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if work.done():
+        return True
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return False
 
 
 async def _pause(stopping: asyncio.Event, seconds: float) -> None:

@@ -140,19 +140,22 @@ class Worker:
             self.app.hooks.hooks.append(alerts)
         try:
             await self._first_heartbeat()
-            background = [
-                asyncio.create_task(self._every(self.settings.heartbeat_s, self._heartbeat)),
-                asyncio.create_task(self._every(self.settings.cancel_poll_s, self._poll_cancels)),
-                asyncio.create_task(self._every(self.settings.sweep_interval_s, self._sweep)),
-                asyncio.create_task(self._every(self.settings.heartbeat_s, self._orphans)),
-            ]
+            if not self._stopping.is_set():  # (asked to stop before it started: it never did)
+                background = [
+                    asyncio.create_task(self._every(self.settings.heartbeat_s, self._heartbeat)),
+                    asyncio.create_task(
+                        self._every(self.settings.cancel_poll_s, self._poll_cancels)
+                    ),
+                    asyncio.create_task(self._every(self.settings.sweep_interval_s, self._sweep)),
+                    asyncio.create_task(self._every(self.settings.heartbeat_s, self._orphans)),
+                ]
+                log.info(
+                    "worker %s started (concurrency %d, event loop %s)",
+                    self.worker_id,
+                    self.concurrency,
+                    type(asyncio.get_running_loop()).__module__.partition(".")[0],
+                )
             self.started.set()
-            log.info(
-                "worker %s started (concurrency %d, event loop %s)",
-                self.worker_id,
-                self.concurrency,
-                type(asyncio.get_running_loop()).__module__.partition(".")[0],
-            )
             await self._claim_loop(stop_waiter)
             await self._wind_down()
         except (asyncio.CancelledError, Exception) as exc:
@@ -552,8 +555,21 @@ class Worker:
         that gave up left the API answering, ready, with no worker: jobs stayed queued.)"""
         failed = 0
         while True:
+            beat = asyncio.ensure_future(self._heartbeat())
+            stop = asyncio.ensure_future(self._stopping.wait())
             try:
-                await self._heartbeat()
+                # A stop asked meanwhile ends the wait: a SQLite file locked by another process
+                # held a SIGTERM for up to its busy timeout, 30 s.
+                await asyncio.wait({beat, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                if not beat.done():
+                    beat.cancel()
+                    await asyncio.gather(beat, return_exceptions=True)
+            if beat.cancelled():
+                return  # (stopping: its claim loop sees the stop at once)
+            try:
+                beat.result()
             except BackburnerError as exc:
                 failed += 1
                 if worth_logging(failed):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -666,3 +668,31 @@ async def test_a_duty_that_keeps_failing_is_logged_once_a_streak_not_each_time(
             await eventually(lambda: store.polls >= 30, timeout=20, message="30 polls")
     said = [r for r in caplog.records if "_poll_cancels failed" in r.getMessage()]
     assert len(said) == 1 and "(1 in a row)" in said[0].getMessage()
+
+
+async def test_a_stop_during_the_first_heartbeat_on_a_locked_file_ends_the_worker_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first heartbeat waited out SQLite's busy timeout (30 s) before it looked at the stop,
+    # and the worker then logged "started" after "shutting down".
+    path = tmp_path / "locked.db"
+    bb = Backburner(f"sqlite:///{path}", settings=WORKER_TEST_SETTINGS)
+
+    @bb.task
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    caplog.set_level(logging.INFO, logger="backburner.worker")
+    await bb.connect()
+    locker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        locker.execute("BEGIN EXCLUSIVE")
+        worker = bb.worker()
+        running = asyncio.create_task(worker.run())
+        worker.shutdown()
+        await asyncio.wait_for(running, 10)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+        await bb.close()
+    assert not any(" started (" in r.getMessage() for r in caplog.records)
