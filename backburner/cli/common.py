@@ -8,7 +8,9 @@ import importlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -119,13 +121,25 @@ def tune_gc() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD, middle, old)
 
 
+def _stop_while_starting(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(coro: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
-    """Run ``coro`` on the event loop ``event_loop`` names; a BackburnerError is one line."""
+    """Run ``coro`` on the event loop ``event_loop`` names; a BackburnerError is one line.
+
+    SIGTERM ends the process (exit 143) until the command installs its own handling (a
+    worker's drain, uvicorn's shutdown): as PID 1, as in the container images, a signal with
+    no handler is ignored, and a SIGTERM that came while the process started (1 to 2 s, and
+    up to a backend's connect timeout) was lost; the orchestrator then waited out its grace
+    period and killed it."""
     try:
         factory = loop_factory(event_loop)
     except typer.Exit:
         coro.close()  # never run: closed, so no "never awaited" warning
         raise
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_while_starting)
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(coro)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -245,3 +246,31 @@ async def test_idempotent_enqueue_across_processes_makes_one_job(
     assert len(ids) == 1
     page = await bb.list(limit=1000)
     assert [j.task_id for j in page.jobs] == list(ids)
+
+
+@pytest.mark.timeout(60)
+async def test_a_sigterm_while_the_backend_connects_ends_the_process() -> None:
+    # As PID 1 (the container images) a signal without a handler is ignored: a SIGTERM that came
+    # while the worker connected was lost, and it went on to start and claim jobs. Not PID 1
+    # here, so the handler shows in the exit status: 143 (128 + SIGTERM), not -15.
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        silent.settimeout(30)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backburner", "worker", "--backend", url],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            connection, _ = await asyncio.to_thread(silent.accept)  # it is connecting now
+            with connection:  # (open and silent: its connect waits for an answer)
+                proc.send_signal(signal.SIGTERM)
+                code = await asyncio.to_thread(proc.wait, 10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert code == 128 + signal.SIGTERM
