@@ -42,3 +42,17 @@ async def wait_all_or(
     finally:
         all_done.cancel()
         now_set.cancel()
+
+
+async def done_unless_set(work: asyncio.Future[Any], event: asyncio.Event) -> bool:
+    """Wait for ``work`` unless ``event`` is set first; then cancel it (and wait for that).
+    Whether ``work`` ended on its own (its result or exception is then there to read)."""
+    now_set = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({work, now_set}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        now_set.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    return not work.cancelled()

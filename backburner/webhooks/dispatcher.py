@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ..aio import wait_all_or, wait_set
+from ..aio import done_unless_set, wait_all_or, wait_set
 from ..errors import BackburnerError, CorruptRecordError, UnsafeURLError
 from ..hooks import Hooks
 from ..models import (
@@ -159,8 +159,11 @@ class WebhookDispatcher:
                             now=self.app.clock.now(), limit=free, lease_s=self.lease_s
                         )
                     )
-                    if not await _unless_stopped(claiming, stopping):
-                        break  # (a claim that lands anyway: its leases end, others send them)
+                    if not await done_unless_set(claiming, stopping):
+                        # A claim waits as long as the backend does (a SQLite file locked
+                        # by another process: 30 s), and held a worker's shutdown that long.
+                        # (One that lands anyway leaves leases that end; others send them.)
+                        break
                     try:
                         messages = claiming.result()
                     except Exception as exc:  # the loop must outlive any one failure
@@ -469,22 +472,6 @@ async def _discard(response: httpx.Response) -> None:
         read += len(chunk)
         if read >= MAX_RESPONSE_BYTES:
             break
-
-
-async def _unless_stopped(work: asyncio.Future[Any], stopping: asyncio.Event) -> bool:
-    """Wait for ``work`` unless ``stopping`` is set first (then cancel it): whether it ended.
-    A claim waits as long as the backend does (a SQLite file locked by another process:
-    30 s), and held the worker's shutdown that long."""
-    stop = asyncio.ensure_future(stopping.wait())
-    try:
-        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-    if work.done():
-        return True
-    work.cancel()
-    await asyncio.gather(work, return_exceptions=True)
-    return False
 
 
 async def _pause(stopping: asyncio.Event, seconds: float) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ..aio import wait_all_or
+from ..aio import done_unless_set, wait_all_or
 from ..backends.base import NextClaim, Release
 from ..errors import BackburnerError, InvalidInputError, LeaseLostError
 from ..models import Job
@@ -556,17 +556,9 @@ class Worker:
         failed = 0
         while True:
             beat = asyncio.ensure_future(self._heartbeat())
-            stop = asyncio.ensure_future(self._stopping.wait())
-            try:
-                # A stop asked meanwhile ends the wait: a SQLite file locked by another process
-                # held a SIGTERM for up to its busy timeout, 30 s.
-                await asyncio.wait({beat, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                if not beat.done():
-                    beat.cancel()
-                    await asyncio.gather(beat, return_exceptions=True)
-            if beat.cancelled():
+            # A stop asked meanwhile ends the wait: a SQLite file locked by another process held
+            # a SIGTERM for up to its busy timeout, 30 s.
+            if not await done_unless_set(beat, self._stopping):
                 return  # (stopping: its claim loop sees the stop at once)
             try:
                 beat.result()
