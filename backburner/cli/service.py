@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -203,6 +204,9 @@ def _serve_http(
         handle_signals=True,  # (uvicorn.run below: one process, which takes the signals)
     )
     tune_gc()
+    # From here uvicorn takes SIGTERM (and, once stopped, raises it again to end the process
+    # as the signal would): the default again, not run()'s handler for the start-up.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The app's signal handler closes open event streams at once (their clients resume with
     # Last-Event-ID elsewhere); the grace is for requests that are not streams.
     uvicorn.run(
